@@ -1,0 +1,79 @@
+// Argument checks and output allocation shared by the CPU and CUDA impls, so
+// both backends reject the same inputs with the same messages.
+#pragma once
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+namespace tfb {
+
+// Sizes of one attention call, read from SDPA-layout (B, H, L, E) inputs.
+struct AttnShape {
+  int64_t batch, heads_q, heads_kv, len_q, len_k, head_dim;
+};
+
+inline void check_4d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), name, " must be a defined tensor");
+  TORCH_CHECK(!t.is_nested(), name, " is a nested tensor; only dense (B, H, L, E) tensors are supported");
+  TORCH_CHECK(t.layout() == at::kStrided, name, " must be a strided tensor, got layout ", t.layout());
+  TORCH_CHECK(t.dim() == 4, name, " must be 4-D (batch, heads, length, head_dim), got ", t.dim(), "-D with shape ", t.sizes());
+  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, name, " must be contiguous in its last dim (stride(-1) == 1), got strides ", t.strides());
+}
+
+inline void check_same(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device(), "; all inputs must share one device");
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, " has dtype ", t.scalar_type(), " but q has ", q.scalar_type(), "; all inputs must share one dtype");
+}
+
+// Checks q, k, v against each other and returns the call's sizes.
+inline AttnShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_4d(q, "q");
+  check_4d(k, "k");
+  check_4d(v, "v");
+  check_same(k, "k", q);
+  check_same(v, "v", q);
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0),
+              "batch sizes differ: q ", q.size(0), ", k ", k.size(0), ", v ", v.size(0));
+  TORCH_CHECK(k.size(3) == q.size(3), "k head_dim (", k.size(3), ") must equal q head_dim (", q.size(3), ")");
+  TORCH_CHECK(v.size(3) == q.size(3), "v head_dim (", v.size(3), ") must equal q head_dim (", q.size(3),
+              "); a different value head dim is not supported by these ops");
+  TORCH_CHECK(k.size(1) == v.size(1), "k has ", k.size(1), " heads but v has ", v.size(1));
+  TORCH_CHECK(k.size(2) == v.size(2), "k has length ", k.size(2), " but v has length ", v.size(2));
+  const int64_t hq = q.size(1), hkv = k.size(1);
+  TORCH_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0,
+              "q heads (", hq, ") must be a multiple of k/v heads (", hkv, ") for grouped-query attention");
+  return {q.size(0), hq, hkv, q.size(2), k.size(2), q.size(3)};
+}
+
+// Checks the extra inputs of the backward against the forward's shape.
+inline void check_bwd_extra(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse,
+                            const at::Tensor& q, const AttnShape& s) {
+  check_4d(grad_out, "grad_out");
+  check_4d(out, "out");
+  check_same(grad_out, "grad_out", q);
+  check_same(out, "out", q);
+  TORCH_CHECK(grad_out.sizes() == q.sizes(), "grad_out shape ", grad_out.sizes(), " must equal q shape ", q.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes(), "out shape ", out.sizes(), " must equal q shape ", q.sizes());
+  TORCH_CHECK(lse.defined() && lse.scalar_type() == at::kFloat, "lse must be a float32 tensor");
+  TORCH_CHECK(lse.device() == q.device(), "lse is on ", lse.device(), " but q is on ", q.device());
+  TORCH_CHECK(lse.dim() == 3 && lse.size(0) == s.batch && lse.size(1) == s.heads_q && lse.size(2) == s.len_q,
+              "lse must have shape (", s.batch, ", ", s.heads_q, ", ", s.len_q, "), got ", lse.sizes());
+  TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous (as fwd returns it)");
+}
+
+inline double softmax_scale(std::optional<double> scale, int64_t head_dim) {
+  if (scale.has_value()) return *scale;
+  return head_dim > 0 ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : 1.0;
+}
+
+// (B, H, L, E) view of a tensor laid out as (B, L, H, E) in memory: see ops.cpp.
+inline at::Tensor empty_blhe(int64_t b, int64_t h, int64_t l, int64_t e, const at::TensorOptions& opts) {
+  return at::empty({b, l, h, e}, opts).transpose(1, 2);
+}
+
+}  // namespace tfb

@@ -1,0 +1,115 @@
+"""Builds one op library, torch_flash_backend/lib/libtorch_flash_backend.so.
+
+It registers ops with the dispatcher and has no Python bindings, so Python loads
+it with torch.ops.load_library and a C++ program (or an AOTInductor runner) can
+dlopen the same file. CUDA sources are compiled when torch has CUDA and nvcc is
+found; set TFB_BUILD_CUDA=0 to build the CPU part only. TFB_HEAD_DIMS (e.g.
+"64,128") trims the compiled head dims.
+"""
+import glob
+import os
+import shutil
+import sys
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def _cutlass_include() -> str:
+    import cutlass_library  # the nvidia-cutlass wheel ships the C++/CuTe headers
+
+    path = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+    if not os.path.isdir(os.path.join(path, "cute")):
+        raise RuntimeError(f"nvidia-cutlass is installed but has no CuTe headers under {path}")
+    return path
+
+
+def _cuda_build_reason() -> str | None:
+    """None when the CUDA sources can be built, else why not."""
+    if os.environ.get("TFB_BUILD_CUDA", "1") == "0":
+        return "TFB_BUILD_CUDA=0"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if CUDA_HOME is None or shutil.which("nvcc", path=os.path.join(CUDA_HOME, "bin")) is None:
+        return "nvcc not found (set CUDA_HOME)"
+    return None
+
+
+def _head_dims() -> list[int]:
+    spec = os.environ.get("TFB_HEAD_DIMS")
+    if not spec:
+        return list(ALL_HEAD_DIMS)
+    dims = sorted({int(d) for d in spec.split(",") if d.strip()})
+    bad = [d for d in dims if d not in ALL_HEAD_DIMS]
+    if bad:
+        raise ValueError(f"TFB_HEAD_DIMS has unsupported head dims {bad}; choose from {ALL_HEAD_DIMS}")
+    return dims
+
+
+def _rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def _instantiations(head_dims):
+    files = glob.glob(os.path.join(ROOT, "src", "*", "instantiations", "*.cu"))
+    return [f for f in files if any(f"_hdim{d}_" in os.path.basename(f) for d in head_dims)]
+
+
+class BuildLibrary(BuildExtension):
+    """Names the output as a plain shared library, not a Python module."""
+
+    def get_ext_filename(self, ext_name):
+        return os.path.join(*ext_name.split(".")) + ".so"
+
+    def copy_extensions_to_source(self):
+        os.makedirs(os.path.join(ROOT, "torch_flash_backend", "lib"), exist_ok=True)
+        super().copy_extensions_to_source()
+
+
+def extension():
+    sources = _rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")) + glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
+    cxx = ["-O3", "-std=c++17"]
+    reason = _cuda_build_reason()
+    if reason is not None:
+        print(f"torch_flash_backend: building the CPU part only ({reason})", file=sys.stderr)
+        return CppExtension(
+            "torch_flash_backend.lib.libtorch_flash_backend",
+            sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args={"cxx": cxx},
+            py_limited_api=True,
+        )
+
+    head_dims = _head_dims()
+    defines = ["-DTFB_WITH_CUDA"] + [f"-DTFB_WITH_HDIM{d}" for d in head_dims]
+    sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
+    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu")) + _instantiations(head_dims))
+    nvcc = [
+        "-O3", "-std=c++17", "-DNDEBUG",
+        "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        # sm_80 machine code plus PTX, so Ada and Hopper run the sm80 family too.
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80",
+        "-Xfatbin", "-compress-all",
+    ] + defines
+    if os.environ.get("TFB_PTXAS_VERBOSE"):
+        nvcc += ["-Xptxas", "-v"]
+    print(
+        f"torch_flash_backend: building CPU and CUDA (CUDA {torch.version.cuda}, head dims {head_dims})",
+        file=sys.stderr,
+    )
+    return CUDAExtension(
+        "torch_flash_backend.lib.libtorch_flash_backend",
+        sources,
+        include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "src"), _cutlass_include()],
+        extra_compile_args={"cxx": cxx + defines, "nvcc": nvcc},
+        py_limited_api=True,
+    )
+
+
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildLibrary})
