@@ -1,0 +1,165 @@
+"""TFLOP/s of our kernels beside PyTorch's SDPA backends, in one run on one GPU.
+
+    python benchmarks/bench_sdpa.py                       # the full grid, markdown table
+    python benchmarks/bench_sdpa.py --head-dims 128 --lens 4096 --modes fwd
+
+Grid: bf16, B*L = 16384 tokens, hidden 2048 (H = 2048 / E), q/k/v in the layout
+Hugging Face models pass ((B, L, H, E).transpose(1, 2)). FLOPs: 4*B*H*L*S*E for
+the forward, 2.5x that for the backward (so 3.5x for forward+backward), halved
+when causal. Times are medians of CUDA-event timings after warm-up.
+"""
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+
+
+def attention_flops(b, h, l, s, e, causal, mode):
+    fwd = 4 * b * h * l * s * e
+    if causal:
+        fwd //= 2
+    return fwd * (3.5 if mode == "fwdbwd" else 1.0)
+
+
+def time_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def make_inputs(b, h, l, e, dtype, grad):
+    def one():
+        t = torch.randn(b, l, h, e, device="cuda", dtype=dtype).transpose(1, 2)
+        return t.requires_grad_(grad)
+
+    return one(), one(), one()
+
+
+def runner(backend, q, k, v, causal, mode):
+    """A closure running one forward (or forward+backward) with `backend`."""
+    if backend == "ours":
+        import torch_flash_backend as tfb
+
+        def fwd():
+            return tfb.flash_attn(q, k, v, is_causal=causal)
+    else:
+        def fwd():
+            with sdpa_kernel(BACKENDS[backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                fwd()
+        return run
+    grad_out = torch.randn_like(q)
+
+    def run():
+        out = fwd()
+        torch.autograd.grad(out, (q, k, v), grad_out)
+    return run
+
+
+def gemm_tflops(dtype, n=8192, warmup=3, reps=10):
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = time_ms(lambda: a @ b, warmup, reps)
+    return 2 * n**3 / ms / 1e9
+
+
+def peak_memory_mib(backend, b, h, l, e, dtype, causal):
+    """Peak allocated bytes of one forward+backward beyond its inputs."""
+    q, k, v = make_inputs(b, h, l, e, dtype, True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    if backend == "math":
+        with sdpa_kernel(SDPBackend.MATH):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    else:
+        runner(backend, q, k, v, causal, "fwdbwd")()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--head-dims", default="64,128,256")
+    p.add_argument("--lens", default="512,1024,2048,4096,8192,16384")
+    p.add_argument("--causal", default="0,1")
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--backends", default="ours,flash,cudnn,efficient")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--memory", action="store_true", help="also report peak memory against math and flash")
+    p.add_argument("--gemm", action="store_true", help="also report the bf16 GEMM rate (8192^3)")
+    args = p.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_sdpa.py needs a CUDA GPU")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    backends = args.backends.split(",")
+    print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
+          f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}\n")
+    if args.gemm:
+        print(f"bf16 GEMM 8192^3: {gemm_tflops(torch.bfloat16):.0f} TFLOP/s\n")
+
+    cols = " | ".join(backends)
+    ratios = [f"ours/{b}" for b in backends if b != "ours"] if "ours" in backends else []
+    print(f"| mode | causal | E | L | B | H | {cols} | {' | '.join(ratios)} |")
+    print("|" + "---|" * (6 + len(backends) + len(ratios)))
+    for mode in args.modes.split(","):
+        for causal in (bool(int(c)) for c in args.causal.split(",")):
+            for e in (int(x) for x in args.head_dims.split(",")):
+                for l in (int(x) for x in args.lens.split(",")):
+                    b, h = max(1, args.tokens // l), args.hidden // e
+                    q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd")
+                    flops = attention_flops(b, h, l, l, e, causal, mode)
+                    rates = {}
+                    for backend in backends:
+                        try:
+                            ms = time_ms(runner(backend, q, k, v, causal, mode), args.warmup, args.reps)
+                            rates[backend] = flops / ms / 1e9
+                        except RuntimeError as err:  # a backend that does not take this shape
+                            rates[backend] = math.nan
+                            print(f"<!-- {backend} {mode} E={e} L={l}: {str(err).splitlines()[0][:120]} -->")
+                    cells = " | ".join(f"{rates[x]:.0f}" for x in backends)
+                    rs = " | ".join(f"{rates['ours'] / rates[x]:.2f}" for x in backends if x != "ours") if ratios else ""
+                    print(f"| {mode} | {int(causal)} | {e} | {l} | {b} | {h} | {cells} | {rs} |", flush=True)
+                    del q, k, v
+    if args.memory:
+        print("\nPeak memory of one forward+backward (MiB beyond the inputs):\n")
+        print("| causal | E | L | B | H | ours | flash | math |")
+        print("|---|---|---|---|---|---|---|---|")
+        for l in (1024, 4096):
+            e = 128
+            b, h = max(1, args.tokens // l), args.hidden // e
+            row = [peak_memory_mib(x, b, h, l, e, dtype, True) for x in ("ours", "flash", "math")]
+            print(f"| 1 | {e} | {l} | {b} | {h} | " + " | ".join(f"{m:.0f}" for m in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

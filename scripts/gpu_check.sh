@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One command on a GPU machine: build (or use a carried build), run the GPU
+# tests, compute-sanitizer on a small grid, the main job and the benchmark.
+# Logs go to $OUT (or ./out). Choose steps with STEPS (default: all), e.g.
+#   STEPS=tests,bench bash scripts/gpu_check.sh
+# A build made on another machine against the same torch can be carried in
+# torch_flash_backend/lib/; without one, the script builds here (needs the
+# nvidia-cutlass wheel: pip-installed, or as a file under .whl/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-env,tests,sanitize,main,bench}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+status=0
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+step() { echo "== $(date +%T) $*"; }
+
+if [[ ! -f torch_flash_backend/lib/libtorch_flash_backend.so ]]; then
+  step "build"
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  fi
+  start=$(date +%s)
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
+    || { tail -50 "$OUT/build.log"; exit 1; }
+  echo "build took $(( $(date +%s) - start )) s"
+fi
+
+if has env; then
+  step "environment"
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
+  python3 -c "import torch, torch_flash_backend as t; print('torch', torch.__version__, torch.cuda.get_device_name(), torch.cuda.get_device_capability()); print('kernels', t.built_kernels())"
+fi
+if has tests; then
+  step "tests"
+  python3 -m pytest -q -rs test 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    step "compute-sanitizer $tool"
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py >"$OUT/sanitize_$tool.log" 2>&1 \
+      && tail -3 "$OUT/sanitize_$tool.log" || { status=1; tail -30 "$OUT/sanitize_$tool.log"; }
+  done
+fi
+if has main; then
+  step "main job"
+  python3 -m torch_flash_backend 2>&1 | tee "$OUT/main.log" | tail -40 || status=1
+fi
+if has bench; then
+  step "benchmark"
+  python3 benchmarks/bench_sdpa.py --gemm --memory ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md" || status=1
+fi
+step "done (status $status)"
+exit $status
