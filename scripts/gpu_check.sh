@@ -34,7 +34,7 @@ if has env; then
 fi
 if has tests; then
   step "tests"
-  python3 -m pytest -q -rs test 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1
+  python3 -m pytest -q -rs ${TEST_ARGS:--m gpu} test 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if has sanitize; then
