@@ -1,0 +1,135 @@
+"""The layers depend one way: src/ knows nothing of torch, csrc/ nothing of Python.
+
+These checks keep the promises of DESIGN.md that no other test would notice
+breaking: the kernels compile without torch, and the op library loads into a
+process that has no Python (a C++ program, an AOTInductor runner).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB = os.path.join(ROOT, "torch_flash_backend", "lib", "libtorch_flash_backend.so")
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
+TORCH_HEADER = re.compile(r"^(torch|ATen|c10|caffe2|pybind11)/|^Python\.h$")
+PYTHON_HEADER = re.compile(r"^(Python\.h|pybind11/.*|torch/extension\.h|torch/python\.h|torch/csrc/utils/pybind\.h)$")
+
+
+def _files(top):
+    for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
+        for name in sorted(names):
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                data = f.read()
+            if b"\0" not in data:  # text files only
+                yield os.path.relpath(path, ROOT), data.decode("utf-8", errors="replace")
+
+
+def _includes(top):
+    return [(path, quote, header) for path, text in _files(top) for quote, header in INCLUDE.findall(text)]
+
+
+def test_src_never_includes_torch():
+    includes = _includes("src")
+    assert includes, "found no #include under src/"
+    bad = [f"{path}: #include {header}" for path, _, header in includes if TORCH_HEADER.search(header)]
+    assert not bad, "src/ must stay torch-free:\n" + "\n".join(bad)
+
+
+def test_src_quoted_includes_stay_in_src():
+    """A quoted include under src/ resolves inside src/, never into csrc/."""
+    bad = []
+    for path, quote, header in _includes("src"):
+        if quote != '"' or not path.endswith((".h", ".hpp", ".cuh", ".cu", ".cpp", ".inl")):
+            continue  # a generator's template line is not an include
+        candidates = (os.path.join(ROOT, os.path.dirname(path), header), os.path.join(ROOT, "src", header))
+        if not any(os.path.isfile(c) for c in candidates):
+            bad.append(f"{path}: #include \"{header}\"")
+    assert not bad, "quoted includes under src/ that do not resolve inside src/:\n" + "\n".join(bad)
+
+
+def test_csrc_never_includes_python():
+    includes = _includes("csrc")
+    assert includes, "found no #include under csrc/"
+    bad = [f"{path}: #include {header}" for path, _, header in includes if PYTHON_HEADER.search(header)]
+    assert not bad, "csrc/ is a plain op library with no Python bindings:\n" + "\n".join(bad)
+
+
+def _built_library():
+    assert os.path.isfile(LIB), f"{LIB} is missing: build it with `python setup.py build_ext --inplace`"
+    return LIB
+
+
+def _nm(*args):
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) is not installed")
+    return subprocess.run(["nm", "-D", *args, _built_library()], check=True, capture_output=True, text=True).stdout
+
+
+def test_library_has_no_python_symbols():
+    undefined = [line.split()[-1] for line in _nm("--undefined-only").splitlines() if line.strip()]
+    assert undefined, "nm listed no undefined symbols at all; is this the right file?"
+    python = [s for s in undefined if re.match(r"_?Py", s)]
+    assert not python, f"the op library needs Python symbols: {python[:10]}"
+
+
+def test_library_is_not_a_python_module():
+    defined = [line.split()[-1] for line in _nm("--defined-only").splitlines() if line.strip()]
+    assert not [s for s in defined if s.startswith("PyInit_")]
+
+
+def test_library_loads_with_torch_ops_load_library():
+    # A fresh interpreter that never imports the package: loading the file alone
+    # must register the schemas, as it does for a C++ host.
+    code = (
+        "import sys, torch\n"
+        "torch.ops.load_library(sys.argv[1])\n"
+        "ns = torch.ops.torch_flash_backend\n"
+        "print(ns.fwd.default._schema)\n"
+        "print(ns.bwd.default._schema)\n"
+        "assert 'torch_flash_backend' not in sys.modules\n"
+        "assert all(isinstance(k, str) for k in ns.built_kernels())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, _built_library()], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fwd, bwd = result.stdout.splitlines()[-2:]
+    assert fwd.startswith("torch_flash_backend::fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False)")
+    assert bwd.startswith("torch_flash_backend::bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse")
+
+
+def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):
+    """CMake's tfb_kernels compiles every src/ kernel with no torch header in reach.
+
+    Only configures (seconds); .ci/run compiles the same sources through setup.py.
+    """
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    if shutil.which("nvcc") is None and not os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("nvcc is not installed, so CMake has no tfb_kernels target")
+    import torch
+
+    build = tmp_path / "build"
+    env = dict(os.environ, CUDACXX=os.environ.get("CUDACXX", shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"))
+    configure = subprocess.run(
+        ["cmake", "-S", ROOT, "-B", str(build), "-DTFB_WITH_CUDA=ON", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+         f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"],
+        capture_output=True, text=True, env=env,
+    )
+    assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+    commands = json.loads((build / "compile_commands.json").read_text())
+    kernels = {os.path.relpath(c["file"], ROOT): c["command"] for c in commands}
+    kernels = {f: c for f, c in kernels.items() if f.startswith("src" + os.sep)}
+    expected = {
+        os.path.relpath(os.path.join(d, n), ROOT)
+        for d, _, names in os.walk(os.path.join(ROOT, "src")) for n in names if n.endswith(".cu")
+    }
+    assert set(kernels) == expected, "tfb_kernels must compile every .cu file under src/"
+    torch_dir = os.path.dirname(torch.__file__)
+    leaks = {f: c for f, c in kernels.items() if torch_dir in c}
+    assert not leaks, f"kernel compile lines reach into torch: {next(iter(leaks.values()), '')[:500]}"
