@@ -72,7 +72,9 @@ class BuildLibrary(BuildExtension):
 
 def extension():
     sources = _rel(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")) + glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
-    cxx = ["-O3", "-std=c++17"]
+    # at::parallel_for only runs in parallel when the library itself is built with OpenMP.
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    link = ["-fopenmp"]
     reason = _cuda_build_reason()
     if reason is not None:
         print(f"torch_flash_backend: building the CPU part only ({reason})", file=sys.stderr)
@@ -81,6 +83,7 @@ def extension():
             sources,
             include_dirs=[os.path.join(ROOT, "csrc")],
             extra_compile_args={"cxx": cxx},
+            extra_link_args=link,
             py_limited_api=True,
         )
 
@@ -108,6 +111,7 @@ def extension():
         sources,
         include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "src"), _cutlass_include()],
         extra_compile_args={"cxx": cxx + defines, "nvcc": nvcc},
+        extra_link_args=link,
         py_limited_api=True,
     )
 
