@@ -1,0 +1,264 @@
+"""enable(): routing, fallback, strictness, nesting, threads, modules, autograd and
+recompilation, on CPU through the test switch that routes CPU calls."""
+import logging
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import torch_flash_backend as tfb
+from torch_flash_backend import _enable, testing
+
+
+@pytest.fixture(autouse=True)
+def cpu_routing():
+    tfb.reset_stats()
+    with testing.route_cpu():
+        yield
+    assert not _enable.is_installed()
+
+
+def qkv(hq=4, hkv=4, length=40, s=40, e=16, dtype=torch.float32, requires_grad=False):
+    torch.manual_seed(0)
+    return (torch.randn(2, hq, length, e, dtype=dtype, requires_grad=requires_grad),
+            torch.randn(2, hkv, s, e, dtype=dtype, requires_grad=requires_grad),
+            torch.randn(2, hkv, s, e, dtype=dtype, requires_grad=requires_grad))
+
+
+def routed():
+    return sum(tfb.stats()["routed"].values())
+
+
+def fallbacks():
+    return sum(tfb.stats()["fallback"].values())
+
+
+def test_routed_output_close_to_pytorch():
+    q, k, v = qkv(hq=8, hkv=2, length=33, s=50)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    with tfb.enable():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert tfb.stats() == {"routed": {"cpu_fwd_fp32_hdim16": 1}, "fallback": {}}
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_outside_nothing_is_routed():
+    q, k, v = qkv()
+    F.scaled_dot_product_attention(q, k, v)
+    assert not _enable.is_installed()
+    assert tfb.stats() == {"routed": {}, "fallback": {}}
+    with tfb.enable():
+        assert _enable.is_installed()
+    assert not _enable.is_installed()
+
+
+def test_fallback_is_bitwise_pytorch_and_logged(caplog):
+    q, k, v = qkv()
+    mask = torch.randn(40, 40)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with caplog.at_level(logging.DEBUG, logger="torch_flash_backend"), tfb.enable():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(out, ref)
+    assert tfb.stats() == {"routed": {}, "fallback": {"attn_mask is not supported (only is_causal masking)": 1}}
+    assert [r.name for r in caplog.records] == ["torch_flash_backend"]
+    assert "attn_mask is not supported" in caplog.records[0].getMessage()
+
+
+def test_fallback_backward_is_pytorch():
+    q, k, v = qkv(requires_grad=True)
+    with tfb.enable():
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, attn_mask=torch.zeros(40, 40))
+    assert fallbacks() == 1
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(40, 40)).sum(), (q, k, v))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_strict_raises_with_reason():
+    q, k, v = qkv(length=8)
+    with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError, match="short query") as info:
+        F.scaled_dot_product_attention(q, k, v)
+    assert "split-KV" in info.value.reason and isinstance(info.value, RuntimeError)
+
+
+def test_nested_inner_strictness_wins():
+    q, k, v = qkv(length=8)
+    with tfb.enable(strict=True):
+        with tfb.enable():
+            F.scaled_dot_product_attention(q, k, v)
+        with pytest.raises(tfb.UnsupportedError):
+            F.scaled_dot_product_attention(q, k, v)
+    with tfb.enable():
+        with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError):
+            F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(q, k, v)
+        assert _enable.is_installed()
+    assert fallbacks() == 4
+
+
+def test_decorator_and_reentrancy():
+    q, k, v = qkv()
+    routing = tfb.enable()
+
+    @routing
+    def attend(depth):
+        out = F.scaled_dot_product_attention(q, k, v)
+        return attend(depth - 1) if depth else out
+
+    attend(3)
+    assert routed() == 4 and not _enable.is_installed()
+
+
+def test_exception_unwinds():
+    with pytest.raises(ValueError):
+        with tfb.enable():
+            raise ValueError("boom")
+    assert not _enable.is_installed()
+    F.scaled_dot_product_attention(*qkv())
+    assert routed() == 0
+
+
+def test_thread_local():
+    q, k, v = qkv()
+    ref = F.scaled_dot_product_attention(q, k, v)
+    entered, done = threading.Event(), threading.Event()
+    results = {}
+
+    def other():
+        entered.wait()
+        results["out"] = F.scaled_dot_product_attention(q, k, v)
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with tfb.enable():
+        entered.set()
+        done.wait()
+    thread.join()
+    assert torch.equal(results["out"], ref)
+    assert tfb.stats() == {"routed": {}, "fallback": {}}
+
+
+def test_backward_matches_pytorch():
+    q, k, v = qkv(hq=4, hkv=2, length=33, s=47, requires_grad=True)
+    with tfb.enable():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert "torch_flash_backend" in type(out.grad_fn).__name__
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_inference_mode_is_routed():
+    q, k, v = qkv()
+    with torch.inference_mode(), tfb.enable():
+        F.scaled_dot_product_attention(q, k, v)
+    assert routed() == 1
+
+
+def test_multihead_attention_routed():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(2, 40, 64)
+    ref, _ = mha(x, x, x, need_weights=False)
+    with tfb.enable(strict=True):
+        out, _ = mha(x, x, x, need_weights=False)
+    assert routed() == 1
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_transformer_encoder_layer_training_routed():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, dropout=0.0, batch_first=True).train()
+    x = torch.randn(2, 40, 64, requires_grad=True)
+    ref = layer(x)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), x)
+    with tfb.enable(strict=True):
+        out = layer(x)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert routed() == 1
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_function_recompiles_across_enable_not_per_call():
+    counter = CompileCounterWithBackend("aot_eager")
+
+    @torch.compile(fullgraph=True, backend=counter)
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+    q, k, v = qkv()
+    torch._dynamo.reset()
+    with tfb.enable():
+        inside = attend(q, k, v)
+        attend(q, k, v)
+    traced = routed()
+    assert counter.frame_count == 1 and traced >= 1
+    outside = attend(q, k, v)
+    attend(q, k, v)
+    assert counter.frame_count == 2 and routed() == traced
+    with tfb.enable():
+        attend(q, k, v)
+    with tfb.enable(strict=True):
+        attend(q, k, v)
+    assert counter.frame_count == 3
+    torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_eval_fast_paths_routed():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(256, 4, batch_first=True).cuda().half().eval()
+    layer = torch.nn.TransformerEncoderLayer(256, 4, batch_first=True).cuda().half().eval()
+    x = torch.randn(2, 128, 256, device="cuda", dtype=torch.half)
+    with torch.inference_mode():
+        ref_mha, _ = mha(x, x, x, need_weights=False)
+        ref_layer = layer(x)
+        with tfb.enable(strict=True):
+            out_mha, _ = mha(x, x, x, need_weights=False)
+            out_layer = layer(x)
+    assert routed() == 2, tfb.stats()
+    torch.testing.assert_close(out_mha, ref_mha, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(out_layer, ref_layer, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_routed_matches_pytorch():
+    q, k, v = (t.cuda().bfloat16().requires_grad_() for t in qkv(hq=8, hkv=2, length=256, s=300, e=64))
+    with tfb.enable(strict=True):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    grad = torch.randn_like(out)
+    for g, w in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
+        torch.testing.assert_close(g, w, atol=5e-2, rtol=5e-2)
+
+
+class Attend(torch.nn.Module):
+    def forward(self, q, k, v, mask=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+
+
+@pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])
+def test_export_graph_holds_our_op(strict_export):
+    q, k, v = qkv()
+    with tfb.enable():
+        ep = torch.export.export(Attend(), (q, k, v), strict=strict_export)
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert "torch_flash_backend.fwd.default" in targets and not any("scaled_dot" in t for t in targets)
+    torch.testing.assert_close(ep.module()(q, k, v), Attend()(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_export_fallback_counted_once():
+    q, k, v = qkv()
+    with tfb.enable():
+        ep = torch.export.export(Attend(), (q, k, v, torch.zeros(40, 40)))
+    assert tfb.stats() == {"routed": {}, "fallback": {"attn_mask is not supported (only is_causal masking)": 1}}
+    assert any("scaled_dot_product_attention" in str(n.target) for n in ep.graph.nodes)

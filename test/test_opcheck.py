@@ -1,0 +1,115 @@
+"""torch.library.opcheck of the ops on CPU over a small grid (dtypes, GQA, causal,
+L != S, strided layouts), with and without grad; the fake kernels' strides; the
+functional entry against the float64 reference."""
+import itertools
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_flash_backend as tfb
+from reference import attention_ref
+
+ops = torch.ops.torch_flash_backend
+
+
+def make(b, h, n, e, dtype, layout, requires_grad=False, offset=0):
+    """(b, h, n, e) in the given memory layout: "bhle" (contiguous), "blhe" (the
+    transposed projection output), "offset" (a view into a larger buffer)."""
+    if layout == "bhle":
+        t = torch.randn(b, h, n, e, dtype=dtype)
+    elif layout == "blhe":
+        t = torch.randn(b, n, h, e, dtype=dtype).transpose(1, 2)
+    else:
+        t = torch.randn(b, h, n + 3, e + 8, dtype=dtype)[:, :, 3:, 8:]
+    return t.requires_grad_(requires_grad)
+
+
+# (dtype, Hq, Hkv, L, S, E, is_causal, scale, layout)
+SAMPLES = [
+    (torch.float32, 4, 4, 33, 33, 16, False, None, "bhle"),
+    (torch.float32, 4, 2, 17, 40, 32, True, None, "blhe"),
+    (torch.float32, 6, 1, 40, 17, 16, True, 0.3, "offset"),
+    (torch.bfloat16, 4, 4, 24, 24, 64, True, None, "blhe"),
+    (torch.bfloat16, 8, 2, 5, 70, 32, False, 0.5, "bhle"),
+]
+
+
+def sample_inputs(requires_grad):
+    for dtype, hq, hkv, length, s, e, causal, scale, layout in SAMPLES:
+        q = make(2, hq, length, e, dtype, layout, requires_grad)
+        k = make(2, hkv, s, e, dtype, layout, requires_grad)
+        v = make(2, hkv, s, e, dtype, layout, requires_grad)
+        yield (q, k, v, scale, causal)
+
+
+def sample_id(sample):
+    dtype, hq, hkv, length, s, e, causal, scale, layout = sample
+    return f"{str(dtype)[6:]}-h{hq}x{hkv}-L{length}-S{s}-E{e}-{'causal' if causal else 'full'}-{layout}"
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("index", range(len(SAMPLES)), ids=[sample_id(s) for s in SAMPLES])
+def test_opcheck_fwd(index, requires_grad):
+    args = list(sample_inputs(requires_grad))[index]
+    torch.library.opcheck(ops.fwd.default, args)
+
+
+@pytest.mark.parametrize("index", range(len(SAMPLES)), ids=[sample_id(s) for s in SAMPLES])
+def test_opcheck_bwd(index):
+    q, k, v, scale, causal = list(sample_inputs(False))[index]
+    out, lse = ops.fwd(q, k, v, scale, causal)
+    grad_out = torch.randn_like(out)
+    torch.library.opcheck(ops.bwd.default, (grad_out, q, k, v, out, lse, scale, causal))
+
+
+def test_fake_strides_match_real():
+    for q, k, v, scale, causal in sample_inputs(False):
+        real = ops.fwd(q, k, v, scale, causal)
+        grads = ops.bwd(torch.randn_like(real[0]), q, k, v, *real, scale, causal)
+        with FakeTensorMode() as mode:
+            fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+            fake = ops.fwd(fq, fk, fv, scale, causal)
+            fake_grads = ops.bwd(torch.empty_like(fake[0]), fq, fk, fv, *fake, scale, causal)
+        for r, f in zip((*real, *grads), (*fake, *fake_grads)):
+            assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
+        b, h, length, e = q.shape
+        assert real[0].stride() == torch.empty(b, length, h, e).transpose(1, 2).stride()
+        assert real[1].is_contiguous() and real[1].dtype == torch.float32
+
+
+@pytest.mark.parametrize("causal,hkv", itertools.product([False, True], [4, 2]))
+def test_flash_attn_matches_reference(causal, hkv):
+    q = make(2, 4, 40, 32, torch.float32, "blhe", requires_grad=True)
+    k = make(2, hkv, 50, 32, torch.float32, "bhle", requires_grad=True)
+    v = make(2, hkv, 50, 32, torch.float32, "offset", requires_grad=True)
+    out = tfb.flash_attn(q, k, v, is_causal=causal)
+    ref, _ = attention_ref(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, ref.float(), atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_lse_is_not_differentiable():
+    q = torch.randn(1, 2, 20, 16, requires_grad=True)
+    out, lse = ops.fwd(q, q, q)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_double_backward_is_refused():
+    q = torch.randn(1, 2, 20, 16, requires_grad=True)
+    (g,) = torch.autograd.grad(tfb.flash_attn(q, q, q).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+def test_gradient_with_odd_strides():
+    """An expanded incoming gradient (as from .sum()) has stride 0 everywhere."""
+    q = make(1, 2, 20, 16, torch.float32, "bhle", requires_grad=True)
+    tfb.flash_attn(q, q, q).sum().backward()
+    ref = q.detach().clone().requires_grad_()
+    attention_ref(ref, ref, ref)[0].sum().backward()
+    torch.testing.assert_close(q.grad, ref.grad.float(), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,154 @@
+"""The torch.nn.attention provider: registration, activation bookkeeping, and the
+overriding kernels' outputs against PyTorch's meta functions (CUDA FakeTensors);
+the real CUDA behaviour is a GPU test."""
+import pytest
+import torch
+import torch.nn.attention as A
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_flash_backend as tfb
+from torch_flash_backend import _provider, testing
+
+OPS = _provider._OPS
+
+
+def cuda_kernel_sources():
+    return {op: [line for line in torch._C._dispatch_dump(f"aten::{op}").splitlines() if line.startswith("CUDA")]
+            for op in OPS}
+
+
+@pytest.fixture
+def restore():
+    yield
+    A.restore_flash_attention_impl(_raise_warn=False)
+
+
+def test_registered_not_activated():
+    assert "torch_flash_backend" in A.list_flash_attention_impls()
+    assert A.current_flash_attention_impl() != "torch_flash_backend"
+
+
+def test_activate_and_restore(restore):
+    before = cuda_kernel_sources()
+    A.activate_flash_attention_impl("torch_flash_backend")
+    assert A.current_flash_attention_impl() == "torch_flash_backend"
+    for op, lines in cuda_kernel_sources().items():
+        assert "_provider.py" in lines[0], (op, lines)
+    A.activate_flash_attention_impl("torch_flash_backend")  # re-activation replaces, never stacks
+    assert sum("_provider.py" in line for lines in cuda_kernel_sources().values() for line in lines) == len(OPS)
+    A.restore_flash_attention_impl()
+    assert A.current_flash_attention_impl() is None
+    assert cuda_kernel_sources() == before
+
+
+def test_handle_remove_is_idempotent():
+    handle = _provider.register()
+    handle.remove()
+    handle.remove()
+    assert all("_provider.py" not in line for lines in cuda_kernel_sources().values() for line in lines)
+
+
+class Recorder:
+    """Stands in for PyTorch's original kernel: records that it was called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_boxed(self, keyset, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return "original"
+
+
+@pytest.fixture
+def kernels():
+    originals = {op: Recorder() for op in OPS}
+    with FakeTensorMode(), testing.pretend_cuda():
+        yield _provider._make_kernels(originals), originals
+
+
+KEYSET = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def same_meta(ours, meta):
+    assert len(ours) == len(meta)
+    for a, b in zip(ours, meta):
+        if isinstance(b, torch.Tensor):
+            assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+        else:
+            assert a == b
+
+
+def bhle(b, h, n, e, layout):
+    if layout == "blhe":
+        return torch.empty(b, n, h, e, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    return torch.empty(b, h, n, e, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["bhle", "blhe"])
+def test_sdpa_flash_outputs_match_meta(kernels, layout):
+    ours, originals = kernels
+    q, k, v = bhle(2, 8, 64, 64, layout), bhle(2, 2, 80, 64, layout), bhle(2, 2, 80, 64, layout)
+    fwd = ours["_scaled_dot_product_flash_attention"](KEYSET, q, k, v, 0.0, False, False, scale=None)
+    meta = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False)
+    same_meta(fwd[:6], meta[:6])
+    out, lse = fwd[0], fwd[1]
+    grads = ours["_scaled_dot_product_flash_attention_backward"](
+        KEYSET, torch.empty_like(out), q, k, v, out, lse, None, None, 64, 80, 0.0, False, fwd[6], fwd[7], scale=None)
+    same_meta(grads, (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+    assert not any(r.calls for r in originals.values())
+
+
+def test_flash_forward_outputs_match_meta(kernels):
+    ours, originals = kernels
+    q, k, v = (torch.empty(2, n, h, 64, dtype=torch.float16, device="cuda") for n, h in ((64, 4), (64, 4), (64, 4)))
+    fwd = ours["_flash_attention_forward"](KEYSET, q, k, v, None, None, 64, 64, 0.0, True, False)
+    meta = torch.ops.aten._flash_attention_forward(q, k, v, None, None, 64, 64, 0.0, True, False)
+    same_meta(fwd[:2], meta[:2])
+    grads = ours["_flash_attention_backward"](KEYSET, torch.empty_like(q), q, k, v, fwd[0], fwd[1], None, None,
+                                              64, 64, 0.0, True, fwd[2], fwd[3])
+    same_meta(grads, (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)))
+    assert not any(r.calls for r in originals.values())
+
+
+def test_unserved_calls_go_to_the_original(kernels):
+    ours, originals = kernels
+    q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
+    sdpa = ours["_scaled_dot_product_flash_attention"]
+    assert sdpa(KEYSET, q, q, q, 0.1, False, False, scale=None) == "original"  # dropout
+    assert sdpa(KEYSET, q, q, q, 0.0, False, True, scale=None) == "original"  # debug mask
+    assert sdpa(KEYSET, q[:, :, :8], q, q, 0.0, True, False, scale=None) == "original"  # short query
+    # PyTorch's flash kernels align a causal mask with L != S bottom-right.
+    assert sdpa(KEYSET, q[:, :, :32], q, q, 0.0, True, False, scale=None) == "original"
+    assert len(originals["_scaled_dot_product_flash_attention"].calls) == 4
+    blhe = q.transpose(1, 2)
+    fwd = ours["_flash_attention_forward"]
+    assert fwd(KEYSET, blhe, blhe, blhe, None, None, 64, 64, 0.0, False, False, window_size_left=16) == "original"
+    with testing.pretend_cuda(capability=(7, 5)):
+        assert fwd(KEYSET, blhe, blhe, blhe, None, None, 64, 64, 0.0, False, False) == "original"
+    with testing.pretend_cuda(kernels=["sm80_fwd_bf16_hdim64"]):
+        bwd = ours["_scaled_dot_product_flash_attention_backward"]
+        lse = torch.empty(2, 4, 64, device="cuda")
+        assert bwd(KEYSET, q, q, q, q, q, lse, None, None, 64, 64, 0.0, False, lse, lse, scale=None) == "original"
+
+
+@pytest.mark.gpu
+def test_cuda_activated_serves_sdpa_flash(restore):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    A.activate_flash_attention_impl("torch_flash_backend")
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        dropped = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.5)
+    ours = tfb.flash_attn(q, k, v, is_causal=True)
+    assert torch.equal(out, ours)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ours, (q, k, v), grad)):
+        torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)  # the backward may accumulate in any order
+    assert dropped.isfinite().all()  # dropout stays with PyTorch's kernel
+    A.restore_flash_attention_impl()
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        again = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(again, ours, atol=2e-2, rtol=2e-2)

@@ -1,0 +1,181 @@
+"""Router decisions, one test per reason, on CUDA FakeTensors (metadata only, no GPU)
+with the device capability and the built kernels injected."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_flash_backend as tfb
+from torch_flash_backend import _router, testing
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode(), testing.pretend_cuda(capability=(8, 0)):
+        yield
+
+
+def qkv(b=2, hq=4, hkv=4, length=64, s=64, e=64, dtype=torch.bfloat16, device="cuda", requires_grad=False):
+    def make(h, n):
+        return torch.empty(b, h, n, e, dtype=dtype, device=device, requires_grad=requires_grad)
+    return make(hq, length), make(hkv, s), make(hkv, s)
+
+
+def reason(*args, **kwargs):
+    d = tfb.explain(*args, **kwargs)
+    assert not d.served and d.kernel is None, str(d)
+    assert str(d) == f"falls back to PyTorch SDPA: {d.reason}"
+    return d.reason
+
+
+def test_served(fake):
+    d = tfb.explain(*qkv(hq=8, hkv=2), is_causal=True, enable_gqa=True)
+    assert d.served and d.kernel == "sm80_fwd_bf16_hdim64", str(d)
+    assert str(d).startswith("served by sm80_fwd_bf16_hdim64 (") and "causal" in str(d) and "GQA 8:2" in str(d)
+
+
+def test_served_layouts(fake):
+    b, h, length, e = 2, 4, 100, 128
+    blhe = torch.empty(b, length, h, e, dtype=torch.float16, device="cuda").transpose(1, 2)
+    assert tfb.explain(blhe, blhe, blhe).served
+    packed = torch.empty(b, length, 3, h, e, dtype=torch.float16, device="cuda")  # fused qkv projection
+    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    assert tfb.explain(q, k, v).served
+    assert tfb.explain(*qkv(length=17, s=1)).served
+
+
+def test_cpu_falls_back():
+    assert reason(*qkv(device="cpu")) == _router.CPU_REASON
+
+
+def test_cpu_routed_under_test_switch():
+    with testing.route_cpu():
+        d = tfb.explain(*qkv(device="cpu", dtype=torch.float32))
+    assert d.served and d.kernel == "cpu_fwd_fp32_hdim64"
+
+
+def test_nested():
+    nt = torch.nested.nested_tensor([torch.empty(4, 20, 64), torch.empty(4, 30, 64)], layout=torch.jagged)
+    assert "nested" in reason(nt, nt, nt)
+
+
+def test_not_4d(fake):
+    q, k, v = qkv()
+    assert "4-D" in reason(q[0], k[0], v[0])
+
+
+def test_devices_differ(fake):
+    q, k, v = qkv()
+    assert "different devices" in reason(q, k, v.to("cuda:1"))
+
+
+def test_other_device_type(fake):
+    assert "not CUDA" in reason(*qkv(device="meta"))
+
+
+def test_capability(fake):
+    with testing.pretend_cuda(capability=(7, 5)):
+        assert "compute capability 7.5 < 8.0" in reason(*qkv())
+
+
+def test_no_cuda_kernels_built(fake):
+    with testing.pretend_cuda(kernels=[]):
+        assert "no CUDA kernels were built" in reason(*qkv())
+
+
+def test_sm90_preferred_on_hopper(fake):
+    names = ["sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64", "sm90_fwd_bf16_hdim64"]
+    with testing.pretend_cuda(capability=(9, 0), kernels=names):
+        assert tfb.explain(*qkv()).kernel == "sm90_fwd_bf16_hdim64"
+        # sm90 has no backward here: a call that needs grad takes sm80's pair.
+        assert tfb.explain(*qkv(requires_grad=True)).kernel == "sm80_fwd_bf16_hdim64"
+    with testing.pretend_cuda(capability=(12, 0), kernels=names):
+        assert tfb.explain(*qkv()).kernel == "sm80_fwd_bf16_hdim64"
+
+
+def test_dtype(fake):
+    assert "dtype torch.float32 is not supported" in reason(*qkv(dtype=torch.float32))
+
+
+def test_dtypes_differ(fake):
+    q, k, v = qkv()
+    assert "dtypes differ" in reason(q, k, v.half())
+
+
+def test_head_dims_differ(fake):
+    q, k, _ = qkv()
+    v = torch.empty(2, 4, 64, 32, dtype=q.dtype, device="cuda")
+    assert "head dims differ" in reason(q, k, v)
+
+
+def test_head_dim_not_built(fake):
+    assert "no forward kernel was built for bf16 head dim 72" in reason(*qkv(e=72))
+
+
+def test_attn_mask(fake):
+    q, k, v = qkv()
+    mask = torch.empty(64, 64, dtype=torch.bool, device="cuda")
+    assert "attn_mask" in reason(q, k, v, attn_mask=mask)
+
+
+def test_dropout(fake):
+    assert "dropout_p=0.1" in reason(*qkv(), dropout_p=0.1)
+
+
+def test_gqa_needs_flag(fake):
+    assert "enable_gqa=False" in reason(*qkv(hq=8, hkv=2))
+
+
+def test_gqa_ratio(fake):
+    assert "not a multiple" in reason(*qkv(hq=6, hkv=4), enable_gqa=True)
+
+
+def test_shape_mismatch(fake):
+    q, k, v = qkv()
+    assert "shapes do not match" in reason(q, k, v[:, :, :10])
+
+
+def test_last_dim_not_contiguous(fake):
+    q, k, v = qkv()
+    assert "q is not contiguous in its last dim" in reason(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)
+
+
+def test_stride_not_multiple_of_8(fake):
+    q, k, v = qkv()
+    odd = torch.empty(2, 4, 64, 68, dtype=q.dtype, device="cuda")[..., :64]
+    assert "stride(2) = 68 is not a multiple of 8" in reason(q, odd, v)
+
+
+def test_storage_offset(fake):
+    q, k, v = qkv()
+    flat = torch.empty(2 * 4 * 64 * 64 + 4, dtype=q.dtype, device="cuda")
+    shifted = flat[4:].view(2, 4, 64, 64)
+    assert "storage offset 4" in reason(q, k, shifted)
+
+
+def test_zero_size(fake):
+    assert "zero-size" in reason(*qkv(b=0))
+    assert "zero-size" in reason(*qkv(s=0))
+
+
+def test_short_query(fake):
+    assert reason(*qkv(length=16)) == _router.DECODE_REASON
+    assert reason(*qkv(length=1, s=1000)) == _router.DECODE_REASON
+
+
+def test_backward_not_built(fake):
+    with testing.pretend_cuda(kernels=["sm80_fwd_bf16_hdim64"]):
+        assert tfb.explain(*qkv()).served
+        assert "no backward kernel" in reason(*qkv(requires_grad=True))
+        with torch.no_grad():
+            assert tfb.explain(*qkv(requires_grad=True)).served
+
+
+def test_capability_lookup_failure(fake):
+    def broken(device):
+        raise RuntimeError("no driver")
+    saved = _router.probe.capability
+    _router.probe.capability = broken
+    try:
+        assert "cannot query the compute capability" in reason(*qkv())
+    finally:
+        _router.probe.capability = saved

@@ -1,0 +1,151 @@
+"""Our kernels as a provider for PyTorch's flash-attention hook.
+
+Importing the package registers the provider; a user switches it on process-wide
+with torch.nn.attention.activate_flash_attention_impl("torch_flash_backend") and
+off with restore_flash_attention_impl(). Active, it overrides the CUDA kernels of
+the aten flash ops: calls ours can serve run our kernels, every other call goes to
+the kernel PyTorch had registered before (fetched before overriding).
+
+Outputs take the strides of the ops' meta functions (empty_like of the inputs),
+which compiled graphs assert on; that costs a copy only when an input is not in
+the (B, L, H, E) memory layout our kernels write.
+"""
+import dataclasses
+import warnings
+
+import torch
+from torch.nn import attention as _attention
+
+from . import _router
+from .ops import _kernel_friendly, _ops
+
+NAME = "torch_flash_backend"
+_OPS = (
+    "_flash_attention_forward",
+    "_flash_attention_backward",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+)
+
+
+@dataclasses.dataclass
+class ProviderHandle:
+    library: torch.library.Library | None
+
+    def remove(self) -> None:
+        if self.library is not None:
+            self.library._destroy()
+            self.library = None
+            _forget_dispatch()
+
+
+def _forget_dispatch() -> None:
+    # The Python dispatcher caches each op's kernel per dispatch key.
+    for name in _OPS:
+        getattr(torch.ops.aten, name).default._dispatch_cache.clear()
+
+
+def _no_window(left, right) -> bool:
+    return left in (None, -1) and right in (None, -1)
+
+
+def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
+    """q, k, v in (B, H, L, E). PyTorch's flash kernels align a causal mask with
+    L != S bottom-right, ours top-left: such calls stay with PyTorch."""
+    if q.dim() != 4 or k.dim() != 4 or (is_causal and q.size(2) != k.size(2)):
+        return False
+    return _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward).served
+
+
+def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    if t.stride() == ref.stride():
+        return t
+    return torch.empty_like(ref).copy_(t)
+
+
+def _lse_ok(lse: torch.Tensor, q: torch.Tensor) -> bool:
+    return lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == (q.size(0), q.size(1), q.size(2))
+
+
+def _rng_placeholders(query: torch.Tensor):
+    # Dropout is 0 on every call we serve, so the RNG state is never read; the
+    # shapes and dtypes are those of PyTorch's meta functions.
+    seed = torch.zeros((2,), dtype=torch.uint64, device=query.device)
+    offset = torch.zeros((), dtype=torch.uint64, device=query.device)
+    return seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
+
+
+def _backward(grad_out, q, k, v, out, lse, scale, is_causal):
+    dq, dk, dv = _ops.bwd(_kernel_friendly(grad_out), q, k, v, _kernel_friendly(out), lse, scale, is_causal)
+    return _like(dq, q), _like(dk, k), _like(dv, v)
+
+
+def _make_kernels(original):
+    def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                is_causal, return_debug_mask, *, scale=None, window_size_left=None,
+                                window_size_right=None, seqused_k=None, alibi_slopes=None):
+        if (cum_seq_q is None and cum_seq_k is None and not return_debug_mask and seqused_k is None
+                and alibi_slopes is None and _no_window(window_size_left, window_size_right)):
+            q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
+            if _serves(q, k, v, dropout_p, is_causal, scale, backward=False):
+                out, lse = _ops.fwd(q, k, v, scale, is_causal)
+                return _like(out.transpose(1, 2), query), lse, *_rng_placeholders(query)
+        return original["_flash_attention_forward"].call_boxed(
+            keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+            return_debug_mask, scale=scale, window_size_left=window_size_left,
+            window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+
+    def flash_attention_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                                 max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
+                                 window_size_left=None, window_size_right=None):
+        if cum_seq_q is None and cum_seq_k is None and _no_window(window_size_left, window_size_right):
+            q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
+            if _serves(q, k, v, dropout_p, is_causal, scale, backward=True) and _lse_ok(logsumexp, q):
+                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal)
+                return _like(dq.transpose(1, 2), query), _like(dk.transpose(1, 2), key), _like(dv.transpose(1, 2), value)
+        return original["_flash_attention_backward"].call_boxed(
+            keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+            is_causal, rng_state, unused, scale=scale, window_size_left=window_size_left,
+            window_size_right=window_size_right)
+
+    def sdpa_flash(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                   scale=None):
+        if not return_debug_mask and _serves(query, key, value, dropout_p, is_causal, scale, backward=False):
+            out, lse = _ops.fwd(query, key, value, scale, is_causal)
+            seed, offset, debug_mask = _rng_placeholders(query)
+            return _like(out, query), lse, None, None, query.size(2), key.size(2), seed, offset, debug_mask
+        return original["_scaled_dot_product_flash_attention"].call_boxed(
+            keyset, query, key, value, dropout_p, is_causal, return_debug_mask, scale=scale)
+
+    def sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                            max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+        if (cum_seq_q is None and cum_seq_k is None and _lse_ok(logsumexp, query)
+                and _serves(query, key, value, dropout_p, is_causal, scale, backward=True)):
+            return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal)
+        return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
+            keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+            is_causal, philox_seed, philox_offset, scale=scale)
+
+    return {
+        "_flash_attention_forward": flash_attention_forward,
+        "_flash_attention_backward": flash_attention_backward,
+        "_scaled_dot_product_flash_attention": sdpa_flash,
+        "_scaled_dot_product_flash_attention_backward": sdpa_flash_backward,
+    }
+
+
+def register() -> ProviderHandle:
+    """The register_fn PyTorch calls on activate_flash_attention_impl(NAME)."""
+    original = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in _OPS}
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    with warnings.catch_warnings():
+        # Overriding PyTorch's kernels is the point; the dispatcher warns about it once.
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        for name, kernel in _make_kernels(original).items():
+            lib.impl(name, kernel, "CUDA", with_keyset=True)
+    _forget_dispatch()
+    return ProviderHandle(lib)
+
+
+if hasattr(_attention, "register_flash_attention_impl"):
+    _attention.register_flash_attention_impl(NAME, register_fn=register)

@@ -1,0 +1,168 @@
+"""The one place that decides whether an SDPA call is served by our kernels.
+
+decide() runs on every SDPA call under enable(), so it reads metadata only
+(shapes, strides, storage offsets: FakeTensors have no data) and caches the
+device capability. Each fallback carries a reason a user can act on.
+"""
+import dataclasses
+import functools
+import threading
+
+import torch
+
+from ._library import built_kernel_set
+
+# Below this query length a split-KV decode kernel is the right tool; without
+# one PyTorch's SDPA (its own split-KV paths included) is faster than a tiled
+# forward that leaves most of the GPU idle.
+MIN_QUERY_LEN = 17
+
+CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
+DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    served: bool
+    kernel: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        if self.served:
+            return f"served by {self.kernel} ({self.reason})"
+        return f"falls back to PyTorch SDPA: {self.reason}"
+
+
+def _fallback(reason: str) -> Decision:
+    return Decision(False, None, reason)
+
+
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+class _Probe:
+    """What decide() asks of the machine; tests swap these (see testing.py)."""
+
+    def __init__(self):
+        self.capability = lambda device: _cuda_capability(device.index if device.index is not None else 0)
+        self.kernels = built_kernel_set
+        self._cpu_routes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def route_cpu(self) -> bool:
+        return self._cpu_routes > 0
+
+    def add_cpu_route(self, delta: int) -> None:
+        with self._lock:
+            self._cpu_routes += delta
+
+
+probe = _Probe()
+
+
+def _families(capability: tuple[int, int]) -> tuple[str, ...]:
+    # sm90 kernels use wgmma/TMA, which exist on Hopper only; sm80 kernels run on
+    # every chip since Ampere.
+    return ("sm90", "sm80") if capability[0] == 9 else ("sm80",)
+
+
+def _misaligned(name: str, t: torch.Tensor, vec: int) -> str | None:
+    """vec: elements per 16-byte vector, the unit the kernels load and store."""
+    shape, stride = t.shape, t.stride()
+    if stride[3] != 1 and shape[3] > 1:
+        return f"{name} is not contiguous in its last dim (strides {tuple(stride)})"
+    for d in range(3):
+        if shape[d] > 1 and stride[d] % vec != 0:
+            return f"{name} stride({d}) = {stride[d]} is not a multiple of {vec} elements (16 bytes)"
+    if t.storage_offset() % vec != 0:
+        return f"{name} storage offset {t.storage_offset()} is not a multiple of {vec} elements (16 bytes)"
+    return None
+
+
+def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+           *, needs_grad: bool | None = None) -> Decision:
+    """Whether our ops can serve this SDPA call, by which kernel, or why not.
+
+    needs_grad None means: as autograd will see it (grad mode on and an input
+    requires grad).
+    """
+    if q.is_nested or k.is_nested or v.is_nested:
+        return _fallback("nested (jagged) inputs are not supported")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return _fallback(f"inputs must be 4-D (batch, heads, length, head_dim); got q {q.dim()}-D, "
+                         f"k {k.dim()}-D, v {v.dim()}-D")
+    device = q.device
+    if k.device != device or v.device != device:
+        return _fallback(f"inputs are on different devices: q {device}, k {k.device}, v {v.device}")
+    on_cpu = device.type == "cpu"
+    if on_cpu and not probe.route_cpu:
+        return _fallback(CPU_REASON)
+    if device.type != "cuda" and not on_cpu:
+        return _fallback(f"device type {device.type} is not CUDA")
+    if attn_mask is not None:
+        return _fallback("attn_mask is not supported (only is_causal masking)")
+    if dropout_p != 0.0:
+        return _fallback(f"dropout_p={dropout_p} is not supported (only 0.0)")
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype:
+        return _fallback(f"dtypes differ: q {dtype}, k {k.dtype}, v {v.dtype}")
+    dtype_name = _DTYPE_NAMES.get(dtype)
+    if dtype_name is None or (dtype == torch.float32 and not on_cpu):
+        return _fallback(f"dtype {dtype} is not supported (float16 and bfloat16 only)")
+    b, hq, length, e = q.shape
+    bk, hkv, s, ek = k.shape
+    bv, hv, sv, ev = v.shape
+    if ek != e or ev != e:
+        return _fallback(f"head dims differ: q {e}, k {ek}, v {ev}")
+    if bk != b or bv != b or hv != hkv or sv != s:
+        return _fallback(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if hq != hkv:
+        if not enable_gqa:
+            return _fallback(f"q has {hq} heads but k/v have {hkv} and enable_gqa=False")
+        if hkv == 0 or hq % hkv != 0:
+            return _fallback(f"q heads ({hq}) are not a multiple of k/v heads ({hkv})")
+    if b == 0 or hq == 0 or length == 0 or s == 0 or e == 0:
+        return _fallback(f"zero-size input (q {tuple(q.shape)}, k {tuple(k.shape)}); PyTorch's SDPA handles it")
+    if length < MIN_QUERY_LEN:
+        return _fallback(DECODE_REASON)
+    vec = 16 // q.element_size()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        bad = _misaligned(name, t, vec)
+        if bad is not None:
+            return _fallback(bad)
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    detail = f"{dtype_name}, head dim {e}" + (", causal" if is_causal else "") + (
+        f", GQA {hq}:{hkv}" if hq != hkv else "") + (", with backward" if needs_grad else "")
+    if on_cpu:
+        return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", detail)
+    return _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail)
+
+
+def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str) -> Decision:
+    try:
+        capability = probe.capability(device)
+    except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
+        return _fallback(f"cannot query the compute capability of {device}: {err}")
+    if capability[0] < 8:
+        return _fallback(f"compute capability {capability[0]}.{capability[1]} < 8.0 (needs Ampere or newer)")
+    kernels = probe.kernels()
+    if not kernels:
+        return _fallback("no CUDA kernels were built into this library (CPU-only build)")
+    suffix = f"_{dtype_name}_hdim{e}"
+    missing_bwd = None
+    for family in _families(capability):
+        fwd = f"{family}_fwd{suffix}"
+        if fwd not in kernels:
+            continue
+        if needs_grad and f"{family}_bwd{suffix}" not in kernels:
+            missing_bwd = f"{family}_bwd{suffix}"
+            continue
+        return Decision(True, fwd, detail)
+    if missing_bwd is not None:
+        return _fallback(f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}")
+    return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}")
