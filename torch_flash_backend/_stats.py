@@ -1,8 +1,9 @@
 """Process-wide counts of routed calls (by kernel) and fallbacks (by reason).
 
-Counting happens in the dispatcher-level SDPA kernel: an eager call counts once
-per call; a torch.compile'd or exported graph counts when it is traced (once per
-trace), not when the compiled code runs.
+Counting happens where the routing decision is made: an eager call counts once
+per call; a torch.compile'd or exported graph counts when it is traced, never
+when the compiled code runs (torch.compile traces each call site in a few
+passes, about three counts per compilation).
 """
 import collections
 import threading
