@@ -91,12 +91,16 @@ def run_with_grads(fn, model, x):
 
 
 def assert_close(actual, expected, device, loose=False):
-    # loose: against PyTorch's own SDPA, whose float32 CPU path sums in another order.
-    tol = (2e-2, 2e-2) if device == "cuda" else ((1e-4, 1e-4) if loose else (1e-5, 1e-5))
+    """loose: against PyTorch's own SDPA, which rounds and sums in another order.
+    In bfloat16 that differs by a few units in the last place of the largest values."""
     actual = actual if isinstance(actual, list) else [actual]
     expected = expected if isinstance(expected, list) else [expected]
     for a, e in zip(actual, expected, strict=True):
-        torch.testing.assert_close(a.float(), e.float(), rtol=tol[0], atol=tol[1])
+        if device == "cuda":
+            rtol, atol = 2e-2, (2e-2 * e.abs().max().item() if loose else 2e-2)
+        else:
+            rtol = atol = 1e-4 if loose else 1e-5
+        torch.testing.assert_close(a.float(), e.float(), rtol=rtol, atol=atol)
 
 
 def targets(gm):
