@@ -5,7 +5,8 @@
 #   STEPS=tests,bench bash scripts/gpu_check.sh
 # A build made on another machine against the same torch can be carried in
 # torch_flash_backend/lib/; without one, the script builds here (needs the
-# nvidia-cutlass wheel: pip-installed, or as a file under .whl/).
+# nvidia-cutlass wheel: pip-installed, or as a file under .whl/, as are
+# other missing wheels such as expecttest).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -16,11 +17,12 @@ status=0
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() { echo "== $(date +%T) $*"; }
 
+# Wheels the machine lacks (nvidia-cutlass for a build, expecttest for the tests).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 if [[ ! -f torch_flash_backend/lib/libtorch_flash_backend.so ]]; then
   step "build"
-  if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-  fi
   start=$(date +%s)
   CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 \
     || { tail -50 "$OUT/build.log"; exit 1; }
