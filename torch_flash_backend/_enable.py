@@ -79,6 +79,7 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, fallback
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     _stats.count(decision)
     if decision.served:
+        logger.debug("scaled_dot_product_attention %s", decision)
         return _ops.fwd(q, k, v, scale, is_causal)[0]
     if _local.modes[-1].strict:
         raise UnsupportedError(decision.reason)
