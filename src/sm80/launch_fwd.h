@@ -15,11 +15,11 @@
 namespace tfb {
 namespace sm80 {
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
-  using Traits = typename FwdConfig<Element, kHeadDim>::Traits;
+template <class Traits>
+cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
+  using Element = typename Traits::Element;
   constexpr int kMaxGridYZ = 65535;
-  if (params.head_dim != kHeadDim || params.heads_q > kMaxGridYZ || params.heads_kv <= 0 ||
+  if (params.head_dim != Traits::kHeadDim || params.heads_q > kMaxGridYZ || params.heads_kv <= 0 ||
       params.heads_q % params.heads_kv != 0 || params.len_q <= 0 || params.len_k <= 0) {
     return cudaErrorInvalidValue;
   }
@@ -44,6 +44,11 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
+  return launch_fwd_with<typename FwdConfig<Element, kHeadDim>::Traits>(params, stream);
 }
 
 }  // namespace sm80
