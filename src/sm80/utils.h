@@ -1,0 +1,192 @@
+// Small device primitives shared by the sm80 attention kernels (forward and
+// backward): register-layout views of MMA fragments, row reductions across the
+// lanes that share a row, exp2 with a fused scale, fragment type conversion,
+// shared-memory staged GEMMs and predicated global<->shared copies.
+//
+// Fragment conventions (SM80 m16n8k16 MMA): an accumulator fragment has shape
+// (4, MMA_M, MMA_N). Lane l of a warp holds rows l/4 and l/4 + 8 and columns
+// 2*(l%4) and 2*(l%4)+1 of each 16x8 atom, so the four lanes of a quad own the
+// same rows and a row reduction needs two xor-shuffles.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+namespace tfb {
+namespace sm80 {
+
+// The kernels are written in CuTe's vocabulary; pulling it in here keeps
+// their bodies readable (Int<>, _, make_tensor, ...).
+using namespace cute;
+
+// ---------------------------------------------------------------------------
+// Fragment layouts
+
+// View an accumulator layout (4, MMA_M, MMA_N) as (rows, cols) =
+// ((2, MMA_M), (2, MMA_N)), so that row statistics can be indexed by row.
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol_layout(Layout const& acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  static_assert(decltype(size<0>(acc))::value == 4);
+  auto split = logical_divide(acc, Shape<_2>{});  // ((col, row), MMA_M, MMA_N)
+  return make_layout(make_layout(get<0, 1>(split), get<1>(split)),
+                     make_layout(get<0, 0>(split), get<2>(split)));
+}
+
+template <class Engine, class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol(Tensor<Engine, Layout>& acc) {
+  return make_tensor(acc.data(), acc_rowcol_layout(acc.layout()));
+}
+
+// The accumulator of an m16n8 MMA holds exactly the values an m16n8k16 A
+// operand wants from two neighbouring n-atoms, so P = softmax(S) can feed the
+// next GEMM straight from registers: (4, MMA_M, MMA_N) -> ((4, 2), MMA_M, MMA_N / 2).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_as_a_operand_layout(Layout const& acc) {
+  static_assert(decltype(size<0>(acc))::value == 4);
+  static_assert(decltype(size<2>(acc))::value % 2 == 0);
+  auto split = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // (4, MMA_M, (2, MMA_N / 2))
+  return make_layout(make_layout(get<0>(split), get<2, 0>(split)), get<1>(split), get<2, 1>(split));
+}
+
+// ---------------------------------------------------------------------------
+// Arithmetic on register fragments
+
+// Copy of a register fragment in another element type, with the converter
+// that packs pairs (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32).
+template <typename To, class Engine, class Layout>
+CUTE_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
+  using From = typename Engine::value_type;
+  constexpr int kSize = decltype(size(src))::value;
+  cutlass::NumericArrayConverter<To, From, kSize> convert;
+  Tensor dst = make_tensor<To>(src.layout());
+  *reinterpret_cast<cutlass::Array<To, kSize>*>(dst.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kSize> const*>(src.data()));
+  return dst;
+}
+
+struct MaxOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+// Reduce over the kLanes consecutive lanes that share a row (4 for an MMA
+// accumulator); every one of them gets the result.
+template <int kLanes = 4, class Op>
+CUTE_DEVICE float lane_allreduce(float x, Op op) {
+  static_assert(kLanes == 1 || kLanes == 2 || kLanes == 4 || kLanes == 8 || kLanes == 16 || kLanes == 32);
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  }
+  return x;
+}
+
+// out(r) = op(init(r), tensor(r, c) over this thread's columns c). Thread-local:
+// follow with lane_allreduce for the full row.
+template <class Engine, class Layout, class Out, class Op>
+CUTE_DEVICE void reduce_rows_local(Tensor<Engine, Layout> const& rowcol, Out& out, Op op) {
+  static_assert(decltype(rank(rowcol))::value == 2);
+#pragma unroll
+  for (int r = 0; r < size<0>(rowcol); ++r) {
+#pragma unroll
+    for (int c = 0; c < size<1>(rowcol); ++c) out(r) = op(out(r), rowcol(r, c));
+  }
+}
+
+// x -> 2^(x * scale - bias(r)) per row, written so that the argument is one FFMA.
+// A row whose bias is -inf (it has seen no key yet) uses bias 0, which maps its
+// -inf scores to 0 instead of NaN.
+template <class Engine, class Layout, class Bias>
+CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias, float scale) {
+#pragma unroll
+  for (int r = 0; r < size<0>(rowcol); ++r) {
+    const float b = bias(r) == -INFINITY ? 0.f : bias(r);
+#pragma unroll
+    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) * scale - b);
+  }
+}
+
+template <class Engine, class Layout, class Factor>
+CUTE_DEVICE void scale_rows(Tensor<Engine, Layout>& rowcol, Factor const& factor) {
+#pragma unroll
+  for (int r = 0; r < size<0>(rowcol); ++r) {
+#pragma unroll
+    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) *= factor(r);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// GEMMs on one tile
+
+// acc += A * B^T with both operands in shared memory. Each k-slice is loaded
+// into registers (ldmatrix) one step ahead of the MMAs that use it.
+// ra / rb are the MMA's register fragments, ra_view / rb_view the same
+// registers retiled for the shared-memory copies, sa / sb those copies' sources.
+template <class TiledMma, class Acc, class RA, class RB, class RAView, class RBView, class SA, class SB,
+          class CopyA, class CopyB>
+CUTE_DEVICE void gemm_ss(TiledMma const& mma, Acc& acc, RA& ra, RB& rb, RAView&& ra_view, RBView&& rb_view,
+                         SA const& sa, SB const& sb, CopyA const& copy_a, CopyB const& copy_b) {
+  constexpr int kSteps = decltype(size<2>(ra))::value;
+  static_assert(decltype(size<2>(rb))::value == kSteps);
+  copy(copy_a, sa(_, _, 0), ra_view(_, _, 0));
+  copy(copy_b, sb(_, _, 0), rb_view(_, _, 0));
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    if (k + 1 < kSteps) {
+      copy(copy_a, sa(_, _, k + 1), ra_view(_, _, k + 1));
+      copy(copy_b, sb(_, _, k + 1), rb_view(_, _, k + 1));
+    }
+    gemm(mma, ra(_, _, k), rb(_, _, k), acc);
+  }
+}
+
+// acc += A * B^T with A already in registers (e.g. P) and B in shared memory.
+template <class TiledMma, class Acc, class RA, class RB, class RBView, class SB, class CopyB>
+CUTE_DEVICE void gemm_rs(TiledMma const& mma, Acc& acc, RA const& ra, RB& rb, RBView&& rb_view, SB const& sb,
+                         CopyB const& copy_b) {
+  constexpr int kSteps = decltype(size<2>(ra))::value;
+  static_assert(decltype(size<2>(rb))::value == kSteps);
+  copy(copy_b, sb(_, _, 0), rb_view(_, _, 0));
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    if (k + 1 < kSteps) copy(copy_b, sb(_, _, k + 1), rb_view(_, _, k + 1));
+    gemm(mma, ra(_, _, k), rb(_, _, k), acc);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Predicated copies between global and shared memory
+
+// Global -> shared with a zero-filling cp.async atom: the thread's partition
+// src/dst has shape (CPY, CPY_ROWS, CPY_COLS) and `coord` is the same partition
+// of an identity tensor. Rows at or past row_limit are not read; their shared
+// copy becomes zeros, so MMAs over them add nothing and never see NaN.
+template <class ZfillAtom, class Src, class Dst, class Coord>
+CUTE_DEVICE void copy_rows_zfill(ZfillAtom const& atom, Src const& src, Dst&& dst, Coord const& coord,
+                                 int row_limit) {
+#pragma unroll
+  for (int m = 0; m < size<1>(src); ++m) {
+    const bool in_range = get<0>(coord(0, m, 0)) < row_limit;
+#pragma unroll
+    for (int k = 0; k < size<2>(src); ++k) copy(atom.with(in_range), src(_, m, k), dst(_, m, k));
+  }
+}
+
+// Registers/shared -> global, skipping rows at or past row_limit.
+template <class TiledCopy, class Src, class Dst, class Coord>
+CUTE_DEVICE void copy_rows_guarded(TiledCopy const& tiled_copy, Src const& src, Dst&& dst, Coord const& coord,
+                                   int row_limit) {
+#pragma unroll
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) < row_limit) copy(tiled_copy, src(_, m, _), dst(_, m, _));
+  }
+}
+
+}  // namespace sm80
+}  // namespace tfb
