@@ -7,39 +7,47 @@
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
 
 #include "params.h"
+#include "sm80/kernel_traits_bwd.h"
+#include "sm80/utils_bwd.h"
 #include "sm80/workspace_bwd.h"
 
 namespace tfb::sm80::bwd {
 
-constexpr int kConvertThreads = 256;
+// One CTA per (query block, q head, batch). The accumulator slice is in dQ
+// MMA-fragment order (see BwdTraits), so each thread reads back exactly the
+// fragment the main kernel added, and writes it through shared memory as rows.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
+  __shared__ __align__(128) Element smem[kM * kE];
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * kM, head = blockIdx.y, batch = blockIdx.z;
+  const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE + tid;
 
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(kConvertThreads) bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
-  constexpr int kChunks = kHeadDim / 8;  // one thread per 8 elements (16 bytes out)
-  const int64_t idx = int64_t(blockIdx.x) * kConvertThreads + threadIdx.x;
-  if (idx >= int64_t(p.len_q) * kChunks) return;
-  const int row = static_cast<int>(idx / kChunks), chunk = static_cast<int>(idx % kChunks);
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int64_t bh = int64_t(batch) * p.heads_q + head;
+  Tensor acc = partition_fragment_C(typename Traits::TiledMmadQ{}, Shape<Int<kM>, Int<kE>>{});
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) = mine[i * Traits::kThreads] * p.scale;
+  Tensor r = convert_frag<Element>(acc);
 
-  const float4* src = reinterpret_cast<const float4*>(ws.dq_accum + (bh * ws.len_q_pad + row) * kHeadDim + chunk * 8);
-  const float4 a = src[0], b = src[1];
-  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  uint4 packed;
-  Element* out = reinterpret_cast<Element*>(&packed);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) out[j] = static_cast<Element>(v[j] * p.scale);
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
-  *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + chunk * 8) = packed;
+  Tensor sdQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmadQ{});
+  auto thr = r2s.get_thread_slice(tid);
+  copy(r2s, thr.retile_S(r), thr.partition_D(sdQ));
+  __syncthreads();
+
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + m0 * p.dq_row_stride;
+  Tensor g = make_tensor(make_gmem_ptr(dq), Shape<Int<kM>, Int<kE>>{}, make_stride(p.dq_row_stride, _1{}));
+  store_tile<typename Traits::GmemStore>(sdQ, g, p.len_q - m0, tid);
 }
 
-template <typename Element, int kHeadDim>
+template <class Traits>
 cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  const int64_t work = int64_t(p.len_q) * (kHeadDim / 8);
-  const dim3 grid(static_cast<unsigned>((work + kConvertThreads - 1) / kConvertThreads), p.heads_q, p.batch);
-  bwd_convert_dq_kernel<Element, kHeadDim><<<grid, kConvertThreads, 0, stream>>>(p, ws);
+  const dim3 grid((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  bwd_convert_dq_kernel<Traits><<<grid, Traits::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
 

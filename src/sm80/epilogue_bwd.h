@@ -29,16 +29,11 @@ struct BwdEpilogue {
     copy(r2s, thr.retile_S(r), dst);
   }
 
-  CUTE_DEVICE void write(const Element* s, void* out, int64_t row_stride, int rows_valid) const {
-    typename Traits::GmemStore tc;
-    auto thr = tc.get_thread_slice(tid);
-    Tensor src = thr.partition_S(make_tensor(make_smem_ptr(s), typename Traits::SmemLayoutKV{}));
-    Tensor reg = make_tensor<Element>(shape(src));
-    copy(tc, src, reg);
+  CUTE_DEVICE void write(Element* s, void* out, int64_t row_stride, int rows_valid) const {
     Tensor g = make_tensor(make_gmem_ptr(static_cast<Element*>(out)), Shape<Int<kN>, Int<kE>>{},
                            make_stride(row_stride, _1{}));
-    Tensor coord = thr.partition_D(make_identity_tensor(Shape<Int<kN>, Int<kE>>{}));
-    copy_rows_if(tc, reg, thr.partition_D(g), coord, rows_valid);
+    store_tile<typename Traits::GmemStore>(make_tensor(make_smem_ptr(s), typename Traits::SmemLayoutKV{}), g,
+                                           rows_valid, tid);
   }
 
   template <class AccdK, class AccdV>

@@ -19,7 +19,7 @@ namespace tfb::sm80::bwd {
 using namespace cute;
 
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kWarpsMSdP, int kWarpsNdKV,
-          int kWarpsMdQ, int kStages_>
+          int kWarpsMdQ, int kStagesQ_, int kStagesdO_>
 struct BwdTraits {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>);
@@ -28,8 +28,10 @@ struct BwdTraits {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   // Q and dO are double-buffered when shared memory allows: the next query
-  // block then loads during the whole current step.
-  static constexpr int kStages = kStages_;
+  // block then loads during the whole current step instead of part of it.
+  static constexpr int kStagesQ = kStagesQ_;
+  static constexpr int kStagesdO = kStagesdO_;
+  static_assert(kStagesQ >= 1 && kStagesQ <= 2 && kStagesdO >= 1 && kStagesdO <= 2);
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
 
@@ -84,23 +86,49 @@ struct BwdTraits {
   static constexpr int kKVElems = kBlockN * kHeadDim;
   static constexpr int kPElems = kBlockM * kBlockN;
   static constexpr int kOffQ = 0;
-  static constexpr int kOffdO = kOffQ + kStages * kQElems;
-  static constexpr int kOffK = kOffdO + kStages * kQElems;
+  static constexpr int kOffdO = kOffQ + kStagesQ * kQElems;
+  static constexpr int kOffK = kOffdO + kStagesdO * kQElems;
   static constexpr int kOffV = kOffK + kKVElems;
   static constexpr int kOffP = kOffV + kKVElems;
   static constexpr int kOffdS = kOffP + kPElems;
   static constexpr int kSmemBytes = (kOffdS + kPElems) * int(sizeof(Element));
+
+  // A query block's slice of the dQ accumulator is laid out in the order of
+  // the dQ MMA fragments: value i of thread t sits at i * kThreads + t, so each
+  // warp's atomics cover 128 contiguous bytes. The convert kernel reads it back
+  // through the same fragments.
 };
 
 // Tile choice per head dim (8 warps each): dK and dV for kBlockN keys stay in
-// registers, so the larger the head dim the fewer keys per CTA.
+// registers, so the larger the head dim the fewer keys per CTA. Splitting the
+// S/dP tile over more warps along M leaves each thread fewer rows, hence fewer
+// registers for lse and D. Traits needs the shared memory of an H100 (up to
+// 227 KB a block); SmallSmem fits an A100 (163 KB) and smaller parts.
 template <typename Element, int kHeadDim>
 struct BwdConfig;
-template <typename E> struct BwdConfig<E, 32> { using Traits = BwdTraits<E, 32, 128, 128, 4, 4, 4, 2>; };
-template <typename E> struct BwdConfig<E, 64> { using Traits = BwdTraits<E, 64, 128, 128, 2, 4, 4, 2>; };
-template <typename E> struct BwdConfig<E, 96> { using Traits = BwdTraits<E, 96, 64, 128, 2, 4, 4, 2>; };
-template <typename E> struct BwdConfig<E, 128> { using Traits = BwdTraits<E, 128, 64, 128, 2, 4, 2, 2>; };
-template <typename E> struct BwdConfig<E, 192> { using Traits = BwdTraits<E, 192, 64, 64, 4, 2, 2, 2>; };
-template <typename E> struct BwdConfig<E, 256> { using Traits = BwdTraits<E, 256, 64, 64, 4, 2, 2, 1>; };
+template <typename E> struct BwdConfig<E, 32> {
+  using Traits = BwdTraits<E, 32, 128, 128, 4, 4, 4, 2, 2>;  // 112 KB
+  using SmallSmem = Traits;
+};
+template <typename E> struct BwdConfig<E, 64> {
+  using Traits = BwdTraits<E, 64, 128, 128, 4, 4, 4, 2, 2>;  // 160 KB
+  using SmallSmem = Traits;
+};
+template <typename E> struct BwdConfig<E, 96> {
+  using Traits = BwdTraits<E, 96, 64, 128, 2, 4, 4, 2, 2>;  // 128 KB
+  using SmallSmem = Traits;
+};
+template <typename E> struct BwdConfig<E, 128> {
+  using Traits = BwdTraits<E, 128, 64, 128, 2, 4, 2, 2, 2>;  // 160 KB
+  using SmallSmem = Traits;
+};
+template <typename E> struct BwdConfig<E, 192> {
+  using Traits = BwdTraits<E, 192, 64, 64, 4, 2, 2, 2, 2>;  // 160 KB
+  using SmallSmem = Traits;
+};
+template <typename E> struct BwdConfig<E, 256> {
+  using Traits = BwdTraits<E, 256, 64, 64, 4, 2, 2, 2, 1>;  // 176 KB
+  using SmallSmem = BwdTraits<E, 256, 64, 64, 4, 2, 2, 1, 1>;  // 144 KB
+};
 
 }  // namespace tfb::sm80::bwd

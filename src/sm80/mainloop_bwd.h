@@ -70,17 +70,19 @@ struct BwdMainloop {
               view(smem + Traits::kOffV, Layout{}), p.len_k - n0);
   }
 
-  CUTE_DEVICE void load_q_do(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+  // Q (or dO, with the dO pointer and strides) of one step into a stage.
+  CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride,
+                                const AttnBwdParams& p, const BwdBlock& blk, int step, Element* s) const {
     const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
-    const Element* q = static_cast<const Element*>(p.q) + blk.batch * p.q_batch_stride + h * p.q_head_stride +
-                       m0 * p.q_row_stride;
-    const Element* dout = static_cast<const Element*>(p.dout) + blk.batch * p.do_batch_stride +
-                          h * p.do_head_stride + m0 * p.do_row_stride;
-    using Layout = typename Traits::SmemLayoutQ;
-    load_tile(make_tensor(make_gmem_ptr(q), TileQ{}, make_stride(p.q_row_stride, _1{})), view(q_buf(stage), Layout{}),
-              p.len_q - m0);
-    load_tile(make_tensor(make_gmem_ptr(dout), TileQ{}, make_stride(p.do_row_stride, _1{})),
-              view(do_buf(stage), Layout{}), p.len_q - m0);
+    const Element* g = static_cast<const Element*>(base) + blk.batch * batch_stride + h * head_stride + m0 * row_stride;
+    load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
+              view(s, typename Traits::SmemLayoutQ{}), p.len_q - m0);
+  }
+  CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+    load_rows_of(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p, blk, step, q_buf(stage));
+  }
+  CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+    load_rows_of(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p, blk, step, do_buf(stage));
   }
 
   // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
@@ -103,7 +105,6 @@ struct BwdMainloop {
     typename Traits::TiledMmadKV mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(tid);
-    auto thr_dq = mma_dq.get_thread_slice(tid);
 
     Tensor sK = view(smem + Traits::kOffK, typename Traits::SmemLayoutKV{});
     Tensor sV = view(smem + Traits::kOffV, typename Traits::SmemLayoutKV{});
@@ -122,18 +123,26 @@ struct BwdMainloop {
     const bool keys_ragged = n0 + kN > p.len_k;
 
     load_k_v(p, blk);
-    if (blk.steps > 0) load_q_do(p, blk, 0, 0);
+    if (blk.steps > 0) {
+      load_q(p, blk, 0, 0);
+      load_do(p, blk, 0, 0);
+    }
     cp_async_fence();
 
     for (int step = 0; step < blk.steps; ++step) {
-      const int stage = Traits::kStages == 2 ? step & 1 : 0;
+      const int sq = Traits::kStagesQ == 2 ? step & 1 : 0;
+      const int sdo = Traits::kStagesdO == 2 ? step & 1 : 0;
+      const bool has_next = step + 1 < blk.steps;
       const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
       const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + h) * ws.len_q_pad + m0;
 
+      // Everything issued so far (this step's Q and dO) has landed, and every
+      // warp is done with the previous step's shared tiles.
       cp_async_wait<0>();
       __syncthreads();
-      if (Traits::kStages == 2 && step + 1 < blk.steps) {
-        load_q_do(p, blk, step + 1, stage ^ 1);
+      if (has_next) {
+        if (Traits::kStagesQ == 2) load_q(p, blk, step + 1, sq ^ 1);
+        if (Traits::kStagesdO == 2) load_do(p, blk, step + 1, sdo ^ 1);
         cp_async_fence();
       }
 
@@ -145,56 +154,63 @@ struct BwdMainloop {
         dsum[r] = ws.dsum[stat0 + row];
       }
 
-      Tensor sQ = view(q_buf(stage), typename Traits::SmemLayoutQ{});
-      Tensor sdO = view(do_buf(stage), typename Traits::SmemLayoutQ{});
+      // P = exp(scale * S - lse). Padded query rows have lse = +inf, hence
+      // P = 0; masked keys are zeroed explicitly. P goes to shared memory
+      // before dP is computed, so that its stores overlap the dP GEMM.
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
-      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
       clear(acc_s);
-      clear(acc_dp);
-      gemm_ss<LoadN, LoadN>(acc_s, mma_sdp, sQ, sK, tid);
-      gemm_ss<LoadN, LoadN>(acc_dp, mma_sdp, sdO, sV, tid);
-
-      // P = exp(scale * S - lse); dS = P * (dP - D). Padded query rows have
-      // lse = +inf, hence P = 0; masked keys are zeroed explicitly.
+      gemm_ss<LoadN, LoadN>(acc_s, mma_sdp, view(q_buf(sq), typename Traits::SmemLayoutQ{}), sK, tid);
       const bool need_mask = keys_ragged || (p.is_causal && n0 + kN - 1 > m0);
-      Tensor s = rowcol_view(acc_s);
-      Tensor dp = rowcol_view(acc_dp);
+      Tensor prob = rowcol_view(acc_s);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          float prob = exp2f(fmaf(s(r, c), p.scale_log2, -lse[r]));
+          float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
           if (need_mask) {
             const int row = m0 + get<0>(coord(r, c)), col = n0 + get<1>(coord(r, c));
-            if (col >= p.len_k || (p.is_causal && col > row)) prob = 0.f;
+            if (col >= p.len_k || (p.is_causal && col > row)) x = 0.f;
           }
-          s(r, c) = prob;
-          dp(r, c) = prob * (dp(r, c) - dsum[r]);
+          prob(r, c) = x;
         }
       }
       store_frag(acc_s, smem + Traits::kOffP);
+
+      // dS = P * (dP - D)
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
+      clear(acc_dp);
+      gemm_ss<LoadN, LoadN>(acc_dp, mma_sdp, view(do_buf(sdo), typename Traits::SmemLayoutQ{}), sV, tid);
+      Tensor ds = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) ds(r, c) = prob(r, c) * (ds(r, c) - dsum[r]);
+      }
       store_frag(acc_dp, smem + Traits::kOffdS);
       __syncthreads();
 
-      gemm_ss<LoadT, LoadT>(acc_dv, mma_dkv, sPt, view(do_buf(stage), typename Traits::SmemLayoutQt{}), tid);
-      gemm_ss<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(stage), typename Traits::SmemLayoutQt{}), tid);
-
-      if (Traits::kStages == 1 && step + 1 < blk.steps) {
-        // Single buffer: Q and dO of the next step may land only now, and
-        // still overlap the dQ GEMM and its atomics.
+      gemm_ss<LoadT, LoadT>(acc_dv, mma_dkv, sPt, view(do_buf(sdo), typename Traits::SmemLayoutQt{}), tid);
+      if (Traits::kStagesdO == 1 && has_next) {
+        // Single buffer: dO is dead after dV; its next tile lands during dQ and dK.
         __syncthreads();
-        load_q_do(p, blk, step + 1, 0);
+        load_do(p, blk, step + 1, 0);
         cp_async_fence();
       }
 
+      // The atomics are fire-and-forget: they drain while dK is computed.
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kE>>{});
       clear(acc_dq);
       gemm_ss<LoadN, LoadT>(acc_dq, mma_dq, sdS, sKt, tid);
-      Tensor gdQ = make_tensor(make_gmem_ptr(ws.dq_accum + stat0 * kE), Shape<Int<kM>, Int<kE>>{},
-                               Stride<Int<kE>, _1>{});
-      Tensor dst = thr_dq.partition_C(gdQ);
+      float* dq_mine = ws.dq_accum + stat0 * kE + tid;
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(&dst(i), acc_dq(i));
+      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_mine + i * Traits::kThreads, acc_dq(i));
+
+      gemm_ss<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(sq), typename Traits::SmemLayoutQt{}), tid);
+      if (Traits::kStagesQ == 1 && has_next) {
+        __syncthreads();
+        load_q(p, blk, step + 1, 0);
+        cp_async_fence();
+      }
     }
   }
 };

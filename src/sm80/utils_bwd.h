@@ -102,4 +102,17 @@ CUTE_DEVICE void copy_rows_if(TiledCopy const& tc, Src const& src, Dst&& dst, Co
   }
 }
 
+// Shared (rows, cols) tile -> global tile, rows below rows_valid only, through
+// registers in 16-byte vectors per thread.
+template <class TiledCopy, class Smem, class Gmem>
+CUTE_DEVICE void store_tile(Smem const& s, Gmem&& g, int rows_valid, int tid) {
+  TiledCopy tc;
+  auto thr = tc.get_thread_slice(tid);
+  Tensor src = thr.partition_S(s);
+  Tensor reg = make_tensor<typename Smem::value_type>(shape(src));
+  copy(tc, src, reg);
+  Tensor coord = thr.partition_D(make_identity_tensor(shape(g)));
+  copy_rows_if(tc, reg, thr.partition_D(g), coord, rows_valid);
+}
+
 }  // namespace tfb::sm80::bwd
