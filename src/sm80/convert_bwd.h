@@ -1,0 +1,54 @@
+// Last backward kernel: the float32 dQ accumulator, summed over all key blocks,
+// times the softmax scale, written to dq in the input dtype with its strides.
+// dK and dV need no such pass: a CTA owns its keys for every query head of its
+// GQA group and writes them itself.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+
+#include "params.h"
+#include "sm80/kernel_traits_bwd.h"
+#include "sm80/utils_bwd.h"
+#include "sm80/workspace_bwd.h"
+
+namespace tfb::sm80::bwd {
+
+// One CTA per (query block, q head, batch). The accumulator slice is in dQ
+// MMA-fragment order (see BwdTraits), so each thread reads back exactly the
+// fragment the main kernel added, and writes it through shared memory as rows.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
+  __shared__ __align__(128) Element smem[kM * kE];
+  const int tid = threadIdx.x;
+  const int m0 = blockIdx.x * kM, head = blockIdx.y, batch = blockIdx.z;
+  const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE + tid;
+
+  Tensor acc = partition_fragment_C(typename Traits::TiledMmadQ{}, Shape<Int<kM>, Int<kE>>{});
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) = mine[i * Traits::kThreads] * p.scale;
+  Tensor r = convert_frag<Element>(acc);
+
+  Tensor sdQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
+  auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmadQ{});
+  auto thr = r2s.get_thread_slice(tid);
+  copy(r2s, thr.retile_S(r), thr.partition_D(sdQ));
+  __syncthreads();
+
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + m0 * p.dq_row_stride;
+  Tensor g = make_tensor(make_gmem_ptr(dq), Shape<Int<kM>, Int<kE>>{}, make_stride(p.dq_row_stride, _1{}));
+  store_tile<typename Traits::GmemStore>(sdQ, g, p.len_q - m0, tid);
+}
+
+template <class Traits>
+cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  const dim3 grid((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  bwd_convert_dq_kernel<Traits><<<grid, Traits::kThreads, 0, stream>>>(p, ws);
+  return cudaGetLastError();
+}
+
+}  // namespace tfb::sm80::bwd

@@ -1,0 +1,218 @@
+// The walk of one backward CTA: for its key block, over every query block
+// (of every query head of its GQA group) that can see those keys, recompute
+// P from lse, and accumulate dV += P^T dO, dK += dS^T Q in registers while dQ
+// gets dS K added into the float32 workspace.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "params.h"
+#include "sm80/kernel_traits_bwd.h"
+#include "sm80/utils_bwd.h"
+#include "sm80/workspace_bwd.h"
+
+namespace tfb::sm80::bwd {
+
+// Which keys a CTA owns and which query steps it takes. A step is one query
+// block of one query head; the heads of the GQA group follow one another, so
+// dK and dV sum over the group in registers, in a fixed order.
+struct BwdBlock {
+  int n_block, head_kv, batch, group;
+  int m_begin;  // first query block that sees the keys (causal: rows i >= first key)
+  int m_count;  // query blocks per head from m_begin on
+  int steps;
+
+  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, int block_m, int block_n)
+      : n_block(blockIdx.x), head_kv(blockIdx.y), batch(blockIdx.z), group(p.heads_q / p.heads_kv) {
+    const int m_blocks = (p.len_q + block_m - 1) / block_m;
+    m_begin = p.is_causal ? n_block * block_n / block_m : 0;
+    m_count = m_begin < m_blocks ? m_blocks - m_begin : 0;
+    steps = group * m_count;
+  }
+  CUTE_DEVICE int head_q(int step) const { return head_kv * group + step / m_count; }
+  CUTE_DEVICE int m_block(int step) const { return m_begin + step % m_count; }
+};
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kE = Traits::kHeadDim;
+  using TileQ = Shape<Int<kM>, Int<kE>>;
+  using TileKV = Shape<Int<kN>, Int<kE>>;
+
+  Element* smem;
+  int tid;
+
+  CUTE_DEVICE Element* q_buf(int stage) const { return smem + Traits::kOffQ + stage * Traits::kQElems; }
+  CUTE_DEVICE Element* do_buf(int stage) const { return smem + Traits::kOffdO + stage * Traits::kQElems; }
+  template <class Layout>
+  CUTE_DEVICE static auto view(Element* ptr, Layout layout) { return make_tensor(make_smem_ptr(ptr), layout); }
+
+  // Rows at and past rows_valid are zero-filled.
+  template <class Gmem, class Smem>
+  CUTE_DEVICE void load_tile(Gmem const& g, Smem&& s, int rows_valid) const {
+    typename Traits::GmemLoad tc;
+    auto thr = tc.get_thread_slice(tid);
+    Tensor coord = thr.partition_S(make_identity_tensor(shape(g)));
+    copy_rows_zfill(tc, thr.partition_S(g), thr.partition_D(s), coord, rows_valid);
+  }
+
+  CUTE_DEVICE void load_k_v(const AttnBwdParams& p, const BwdBlock& blk) const {
+    const int n0 = blk.n_block * kN;
+    const Element* k = static_cast<const Element*>(p.k) + blk.batch * p.k_batch_stride +
+                       blk.head_kv * p.k_head_stride + n0 * p.k_row_stride;
+    const Element* v = static_cast<const Element*>(p.v) + blk.batch * p.v_batch_stride +
+                       blk.head_kv * p.v_head_stride + n0 * p.v_row_stride;
+    using Layout = typename Traits::SmemLayoutKV;
+    load_tile(make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(p.k_row_stride, _1{})),
+              view(smem + Traits::kOffK, Layout{}), p.len_k - n0);
+    load_tile(make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(p.v_row_stride, _1{})),
+              view(smem + Traits::kOffV, Layout{}), p.len_k - n0);
+  }
+
+  // Q (or dO, with the dO pointer and strides) of one step into a stage.
+  CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride,
+                                const AttnBwdParams& p, const BwdBlock& blk, int step, Element* s) const {
+    const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
+    const Element* g = static_cast<const Element*>(base) + blk.batch * batch_stride + h * head_stride + m0 * row_stride;
+    load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
+              view(s, typename Traits::SmemLayoutQ{}), p.len_q - m0);
+  }
+  CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+    load_rows_of(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p, blk, step, q_buf(stage));
+  }
+  CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+    load_rows_of(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p, blk, step, do_buf(stage));
+  }
+
+  // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
+  template <class Acc>
+  CUTE_DEVICE void store_frag(Acc const& acc, Element* s) const {
+    Tensor r = convert_frag<Element>(acc);
+    auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmaSdP{});
+    auto thr = r2s.get_thread_slice(tid);
+    Tensor src = thr.retile_S(r);
+    Tensor dst = thr.partition_D(view(s, typename Traits::SmemLayoutP{}));
+    copy(r2s, src, dst);
+  }
+
+  template <class AccdK, class AccdV>
+  CUTE_DEVICE void run(const AttnBwdParams& p, const BwdWorkspace& ws, const BwdBlock& blk, AccdK& acc_dk,
+                       AccdV& acc_dv) const {
+    using LoadN = typename Traits::LoadN;
+    using LoadT = typename Traits::LoadT;
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(tid);
+
+    Tensor sK = view(smem + Traits::kOffK, typename Traits::SmemLayoutKV{});
+    Tensor sV = view(smem + Traits::kOffV, typename Traits::SmemLayoutKV{});
+    Tensor sKt = view(smem + Traits::kOffK, typename Traits::SmemLayoutKVt{});
+    Tensor sdS = view(smem + Traits::kOffdS, typename Traits::SmemLayoutP{});
+    Tensor sPt = view(smem + Traits::kOffP, typename Traits::SmemLayoutPt{});
+    Tensor sdSt = view(smem + Traits::kOffdS, typename Traits::SmemLayoutPt{});
+
+    // (row, col) of each accumulator element of S and dP, within the tile.
+    Tensor coord = rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{})));
+    constexpr int kRows = decltype(size<0>(coord))::value;
+    constexpr int kCols = decltype(size<1>(coord))::value;
+
+    const int n0 = blk.n_block * kN;
+    // Only tiles that cross the diagonal or the end of the keys need masking.
+    const bool keys_ragged = n0 + kN > p.len_k;
+
+    load_k_v(p, blk);
+    if (blk.steps > 0) {
+      load_q(p, blk, 0, 0);
+      load_do(p, blk, 0, 0);
+    }
+    cp_async_fence();
+
+    for (int step = 0; step < blk.steps; ++step) {
+      const int sq = Traits::kStagesQ == 2 ? step & 1 : 0;
+      const int sdo = Traits::kStagesdO == 2 ? step & 1 : 0;
+      const bool has_next = step + 1 < blk.steps;
+      const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
+      const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + h) * ws.len_q_pad + m0;
+
+      // Everything issued so far (this step's Q and dO) has landed, and every
+      // warp is done with the previous step's shared tiles.
+      cp_async_wait<0>();
+      __syncthreads();
+      if (has_next) {
+        if (Traits::kStagesQ == 2) load_q(p, blk, step + 1, sq ^ 1);
+        if (Traits::kStagesdO == 2) load_do(p, blk, step + 1, sdo ^ 1);
+        cp_async_fence();
+      }
+
+      float lse[kRows], dsum[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = get<0>(coord(r, 0));
+        lse[r] = ws.lse_log2[stat0 + row];
+        dsum[r] = ws.dsum[stat0 + row];
+      }
+
+      // P = exp(scale * S - lse). Padded query rows have lse = +inf, hence
+      // P = 0; masked keys are zeroed explicitly. P goes to shared memory
+      // before dP is computed, so that its stores overlap the dP GEMM.
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
+      clear(acc_s);
+      gemm_ss<LoadN, LoadN>(acc_s, mma_sdp, view(q_buf(sq), typename Traits::SmemLayoutQ{}), sK, tid);
+      const bool need_mask = keys_ragged || (p.is_causal && n0 + kN - 1 > m0);
+      Tensor prob = rowcol_view(acc_s);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
+          if (need_mask) {
+            const int row = m0 + get<0>(coord(r, c)), col = n0 + get<1>(coord(r, c));
+            if (col >= p.len_k || (p.is_causal && col > row)) x = 0.f;
+          }
+          prob(r, c) = x;
+        }
+      }
+      store_frag(acc_s, smem + Traits::kOffP);
+
+      // dS = P * (dP - D)
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
+      clear(acc_dp);
+      gemm_ss<LoadN, LoadN>(acc_dp, mma_sdp, view(do_buf(sdo), typename Traits::SmemLayoutQ{}), sV, tid);
+      Tensor ds = rowcol_view(acc_dp);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) ds(r, c) = prob(r, c) * (ds(r, c) - dsum[r]);
+      }
+      store_frag(acc_dp, smem + Traits::kOffdS);
+      __syncthreads();
+
+      gemm_ss<LoadT, LoadT>(acc_dv, mma_dkv, sPt, view(do_buf(sdo), typename Traits::SmemLayoutQt{}), tid);
+      if (Traits::kStagesdO == 1 && has_next) {
+        // Single buffer: dO is dead after dV; its next tile lands during dQ and dK.
+        __syncthreads();
+        load_do(p, blk, step + 1, 0);
+        cp_async_fence();
+      }
+
+      // The atomics are fire-and-forget: they drain while dK is computed.
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kE>>{});
+      clear(acc_dq);
+      gemm_ss<LoadN, LoadT>(acc_dq, mma_dq, sdS, sKt, tid);
+      float* dq_mine = ws.dq_accum + stat0 * kE + tid;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_mine + i * Traits::kThreads, acc_dq(i));
+
+      gemm_ss<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(sq), typename Traits::SmemLayoutQt{}), tid);
+      if (Traits::kStagesQ == 1 && has_next) {
+        __syncthreads();
+        load_q(p, blk, step + 1, 0);
+        cp_async_fence();
+      }
+    }
+  }
+};
+
+}  // namespace tfb::sm80::bwd

@@ -1,0 +1,95 @@
+"""The sm80 backward op against float64 autograd, with PyTorch's own same-dtype
+SDPA backward as the error baseline (DESIGN.md's 2x rule).
+
+out and lse come from the float64 reference, so these tests need no forward kernel.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference import assert_within_baseline, attention_ref
+
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+
+# (batch, q heads, kv heads, L, S, causal, layout, scale): odd and unequal
+# lengths, GQA 4:1 and 8:2 (4 heads per group either way), custom scales.
+CASES = [
+    (2, 4, 4, 128, 128, False, "bhle", None),
+    (2, 4, 4, 128, 128, True, "blhe", None),
+    (1, 2, 2, 1, 1, False, "blhe", None),
+    (1, 2, 2, 1, 1, True, "bhle", None),
+    (2, 2, 2, 17, 17, True, "padded", 0.3),
+    (1, 3, 3, 127, 129, False, "blhe", None),
+    (1, 3, 3, 127, 129, True, "bhle", None),
+    (2, 2, 2, 129, 127, True, "blhe", None),
+    (1, 2, 2, 1000, 1000, True, "blhe", None),
+    (1, 2, 2, 1000, 1000, False, "padded", 0.1),
+    (1, 8, 2, 17, 1000, False, "blhe", None),
+    (1, 8, 2, 17, 1000, True, "bhle", None),
+    (1, 4, 1, 1000, 17, True, "blhe", 0.5),
+    (1, 4, 1, 1000, 17, False, "bhle", None),
+    (2, 8, 2, 129, 128, True, "padded", None),
+    (1, 4, 1, 127, 1, False, "blhe", None),
+    (1, 2, 2, 1, 129, True, "blhe", None),
+    (1, 8, 2, 1000, 129, True, "bhle", None),
+]
+
+
+def _built_bwd_head_dims():
+    if not torch.cuda.is_available():
+        return set()
+    import torch_flash_backend  # noqa: F401  (loads the op library)
+
+    names = torch.ops.torch_flash_backend.built_kernels()
+    return {int(n.split("hdim")[1]) for n in names if n.startswith("sm80_bwd")}
+
+
+def _make(b, h, length, e, dtype, layout):
+    if layout == "blhe":  # what a (B, L, H, E) projection gives after .transpose(1, 2)
+        return torch.randn(b, length, h, e, device="cuda", dtype=dtype).transpose(1, 2)
+    if layout == "padded":  # row stride larger than the head dim
+        return torch.randn(b, h, length, e + 8, device="cuda", dtype=dtype)[..., :e]
+    return torch.randn(b, h, length, e, device="cuda", dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_h{}-{}_L{}_S{}_{}_{}_s{}".format(*c[:5], "causal" if c[5] else "full", *c[6:]))
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bwd_matches_reference(dtype, head_dim, case):
+    if head_dim not in _built_bwd_head_dims():
+        pytest.skip(f"no sm80 backward built for head_dim={head_dim}")
+    b, hq, hkv, L, S, causal, layout, scale = case
+    torch.manual_seed(hash((head_dim, L, S, hq, causal)) % 2**31)
+    q = _make(b, hq, L, head_dim, dtype, layout)
+    k = _make(b, hkv, S, head_dim, dtype, layout)
+    v = _make(b, hkv, S, head_dim, dtype, layout)
+    dout = _make(b, hq, L, head_dim, dtype, layout)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, scale, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+
+    out = torch.empty_like(q).copy_(out64.detach())
+    lse = lse64.detach().float().contiguous()
+    ours = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal)
+
+    qb, kb, vb = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+    base = torch.autograd.grad(ob, (qb, kb, vb), dout)
+
+    for name, o, bl, r in zip(("dq", "dk", "dv"), ours, base, ref):
+        assert o.dtype == dtype and o.shape == r.shape
+        assert_within_baseline(name, o, bl, r, floor=1e-4)
+
+
+@pytest.mark.gpu
+def test_bwd_outputs_are_blhe_views():
+    if 64 not in _built_bwd_head_dims():
+        pytest.skip("no sm80 backward built for head_dim=64")
+    q, k, v, dout = (torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = attention_ref(q, k, v)
+    dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out.to(q.dtype), lse.float(), None, False)
+    for t in (dq, dk, dv):
+        assert t.transpose(1, 2).is_contiguous()
