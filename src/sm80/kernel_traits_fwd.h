@@ -83,14 +83,15 @@ struct FwdTraits {
   static_assert(kBlockN % (kThreads / kThreadsPerRow) == 0 && kBlockM % (kThreads / kThreadsPerRow) == 0);
 };
 
-// Tile choice per head dim (measured on H200, bf16, L = 1K and 4K). Each fits
-// the 99 KB an sm86/sm89 block may use, so one choice serves the whole family.
-// - 32, 64: 128 x 64, 2 stages; for 64 it beat 128 x 128 (1 or 2 stages) and
-//   64 x 128 by 8-10%, which spill or leave fewer warps per SM.
-// - 96, 128: 128 x 64, 2 stages; 1 stage was 10% slower, 64 x 64 up to 15%.
+// Tile choice per head dim (measured on H200, bf16, L = 1K and 4K, against
+// PyTorch's flash backend). Each fits the 99 KB an sm86/sm89 block may use,
+// so one choice serves the whole family.
+// - 32, 64: 128 x 64, 2 stages; for 64 it beat 128 x 128 (which spills, with
+//   1 or 2 stages) and 64 x 128 by 5-15%.
+// - 96, 128: 128 x 64, 2 stages; 1 stage was ~10% slower, 64 x 64 up to 17%.
 // - 192: 8 warps over 128 x 64, 1 stage (96 KB): two CTAs per A100/H100 SM.
 // - 256: 64 x 64, 1 stage (96 KB), two CTAs per SM; 2 stages (one CTA),
-//   8 warps over 128 x 64, and 64 x 32 with 2 stages were 3-11% slower.
+//   8 warps over 128 x 64, and 64 x 32 with 2 stages were 3-15% slower.
 template <typename Element, int kHeadDim>
 struct FwdConfig;
 template <typename Element>

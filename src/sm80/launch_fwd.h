@@ -48,7 +48,9 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
-  return launch_fwd_with<typename FwdConfig<Element, kHeadDim>::Traits>(params, stream);
+  using Traits = typename FwdConfig<Element, kHeadDim>::Traits;
+  static_assert(Traits::kSmemBytes <= 99 * 1024, "the sm80 family includes sm86/sm89 (99 KB per block)");
+  return launch_fwd_with<Traits>(params, stream);
 }
 
 }  // namespace sm80

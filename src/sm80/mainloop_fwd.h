@@ -81,8 +81,8 @@ struct FwdMainloop {
     // Shared -> registers, MMA fragments.
     typename Traits::TiledMma mma;
     auto thr_mma = mma.get_thread_slice(tid);
-    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);              // (MMA, MMA_M, MMA_K)
-    Tensor tSrK = thr_mma.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K)
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K)
+    Tensor tSrK = thr_mma.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K)
     Tensor tOrVt = thr_mma.partition_fragment_B(sVtPlain);
     auto copy_q = make_tiled_copy_A(typename Traits::SmemCopyQK{}, mma);
     auto copy_k = make_tiled_copy_B(typename Traits::SmemCopyQK{}, mma);
@@ -115,7 +115,7 @@ struct FwdMainloop {
     for (int n_block = n_last; n_block >= 0; --n_block) {
       const int next = kStages == 2 ? stage ^ 1 : 0;
       cp_async_wait<kStages - 1>();  // K[n_block] (and Q) have landed
-      __syncthreads();               // ... for every thread; all are done with step n_block + 1
+      __syncthreads();               // ... for every thread, and step n_block + 1 is done everywhere
       if constexpr (kStages == 2) {
         if (n_block > 0) load_k(n_block - 1, next);
       } else {
@@ -133,7 +133,7 @@ struct FwdMainloop {
       if constexpr (kStages == 2) softmax.update(acc_s, acc_o, scale_log2);
 
       cp_async_wait<kStages - 1>();  // V[n_block] has landed
-      __syncthreads();               // ... for every thread; all are done reading K[n_block]
+      __syncthreads();               // ... for every thread, and the buffer refilled next is unread
       if (n_block > 0) {
         if constexpr (kStages == 2) {
           load_v(n_block - 1, next);
