@@ -2,8 +2,6 @@
 // accumulator) -> main kernel (dK, dV; dQ into the accumulator) -> dQ convert.
 #pragma once
 
-#include <type_traits>
-
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
 
@@ -31,21 +29,25 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
 
 }  // namespace bwd
 
+// GQA: one CTA owns a key block of one kv head and walks the query heads of
+// its group itself, so dK and dV are summed in registers in a fixed order
+// (deterministic, no float32 dK/dV workspace or extra pass). The price is a
+// grid heads_q / heads_kv times smaller, which only matters when
+// batch * heads_kv * key blocks is below a few waves of CTAs.
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream) {
   using Config = bwd::BwdConfig<Element, kHeadDim>;
-  const bwd::BwdWorkspace ws = bwd::carve_workspace(params);
-
-  cudaError_t err = bwd::launch_preprocess<Element, kHeadDim>(params, ws, stream);
+  int device = 0, smem_optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
+  // Parts with about 100 KB of shared memory a block (sm86, sm89) get no backward.
+  if (smem_optin < Config::SmallSmem::kSmemBytes) return cudaErrorNotSupported;
 
-  if constexpr (!std::is_same_v<typename Config::Traits, typename Config::SmallSmem>) {
-    int device = 0, smem_optin = 0;
-    err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
-    if (smem_optin < Config::Traits::kSmemBytes) return bwd::launch_main<typename Config::SmallSmem>(params, ws, stream);
-  }
+  const bwd::BwdWorkspace ws = bwd::carve_workspace(params);
+  err = bwd::launch_preprocess<Element, kHeadDim>(params, ws, stream);
+  if (err != cudaSuccess) return err;
+  if (smem_optin < Config::Traits::kSmemBytes) return bwd::launch_main<typename Config::SmallSmem>(params, ws, stream);
   return bwd::launch_main<typename Config::Traits>(params, ws, stream);
 }
 

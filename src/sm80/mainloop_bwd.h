@@ -29,8 +29,14 @@ struct BwdBlock {
     m_count = m_begin < m_blocks ? m_blocks - m_begin : 0;
     steps = group * m_count;
   }
-  CUTE_DEVICE int head_q(int step) const { return head_kv * group + step / m_count; }
-  CUTE_DEVICE int m_block(int step) const { return m_begin + step % m_count; }
+
+  struct Step {
+    int head_q, m_block;
+  };
+  CUTE_DEVICE Step first() const { return {head_kv * group, m_begin}; }
+  CUTE_DEVICE Step next(Step s) const {
+    return s.m_block + 1 < m_begin + m_count ? Step{s.head_q, s.m_block + 1} : Step{s.head_q + 1, m_begin};
+  }
 };
 
 template <class Traits>
@@ -72,16 +78,16 @@ struct BwdMainloop {
 
   // Q (or dO, with the dO pointer and strides) of one step into a stage.
   CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride,
-                                const AttnBwdParams& p, const BwdBlock& blk, int step, Element* s) const {
-    const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
+                                const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, Element* s) const {
+    const int h = step.head_q, m0 = step.m_block * kM;
     const Element* g = static_cast<const Element*>(base) + blk.batch * batch_stride + h * head_stride + m0 * row_stride;
     load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
               view(s, typename Traits::SmemLayoutQ{}), p.len_q - m0);
   }
-  CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+  CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
     load_rows_of(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p, blk, step, q_buf(stage));
   }
-  CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, int step, int stage) const {
+  CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
     load_rows_of(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p, blk, step, do_buf(stage));
   }
 
@@ -123,9 +129,10 @@ struct BwdMainloop {
     const bool keys_ragged = n0 + kN > p.len_k;
 
     load_k_v(p, blk);
+    BwdBlock::Step cur = blk.first();
     if (blk.steps > 0) {
-      load_q(p, blk, 0, 0);
-      load_do(p, blk, 0, 0);
+      load_q(p, blk, cur, 0);
+      load_do(p, blk, cur, 0);
     }
     cp_async_fence();
 
@@ -133,16 +140,17 @@ struct BwdMainloop {
       const int sq = Traits::kStagesQ == 2 ? step & 1 : 0;
       const int sdo = Traits::kStagesdO == 2 ? step & 1 : 0;
       const bool has_next = step + 1 < blk.steps;
-      const int h = blk.head_q(step), m0 = blk.m_block(step) * kM;
-      const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + h) * ws.len_q_pad + m0;
+      const BwdBlock::Step nxt = blk.next(cur);
+      const int m0 = cur.m_block * kM;
+      const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + cur.head_q) * ws.len_q_pad + m0;
 
       // Everything issued so far (this step's Q and dO) has landed, and every
       // warp is done with the previous step's shared tiles.
       cp_async_wait<0>();
       __syncthreads();
       if (has_next) {
-        if (Traits::kStagesQ == 2) load_q(p, blk, step + 1, sq ^ 1);
-        if (Traits::kStagesdO == 2) load_do(p, blk, step + 1, sdo ^ 1);
+        if (Traits::kStagesQ == 2) load_q(p, blk, nxt, sq ^ 1);
+        if (Traits::kStagesdO == 2) load_do(p, blk, nxt, sdo ^ 1);
         cp_async_fence();
       }
 
@@ -193,7 +201,7 @@ struct BwdMainloop {
       if (Traits::kStagesdO == 1 && has_next) {
         // Single buffer: dO is dead after dV; its next tile lands during dQ and dK.
         __syncthreads();
-        load_do(p, blk, step + 1, 0);
+        load_do(p, blk, nxt, 0);
         cp_async_fence();
       }
 
@@ -208,9 +216,10 @@ struct BwdMainloop {
       gemm_ss<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(sq), typename Traits::SmemLayoutQt{}), tid);
       if (Traits::kStagesQ == 1 && has_next) {
         __syncthreads();
-        load_q(p, blk, step + 1, 0);
+        load_q(p, blk, nxt, 0);
         cp_async_fence();
       }
+      cur = nxt;
     }
   }
 };
