@@ -179,3 +179,10 @@ def test_capability_lookup_failure(fake):
         assert "cannot query the compute capability" in reason(*qkv())
     finally:
         _router.probe.capability = saved
+
+
+def test_backward_needs_shared_memory(fake):
+    # An Ada part: the forward fits, the sm80 backward tiles do not.
+    with testing.pretend_cuda(capability=(8, 9), smem_per_block=99 * 1024):
+        assert tfb.explain(*qkv()).served
+        assert "shared memory" in reason(*qkv(requires_grad=True))

@@ -43,11 +43,23 @@ def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+# The sm80 backward tiles keep Q, K, V, dO and their partial products in shared
+# memory: up to 144 KB a block (176 KB where the chip offers it). Ada and sm86
+# parts offer about 100 KB, so their backward falls back.
+SM80_BWD_SMEM_BYTES = 144 * 1024
+
+
+@functools.cache
+def _cuda_smem_per_block(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+
+
 class _Probe:
     """What decide() asks of the machine; tests swap these (see testing.py)."""
 
     def __init__(self):
         self.capability = lambda device: _cuda_capability(device.index if device.index is not None else 0)
+        self.smem_per_block = lambda device: _cuda_smem_per_block(device.index if device.index is not None else 0)
         self.kernels = built_kernel_set
         self._cpu_routes = 0
         self._lock = threading.Lock()
@@ -160,9 +172,13 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         if fwd not in kernels:
             continue
         if needs_grad and f"{family}_bwd{suffix}" not in kernels:
-            missing_bwd = f"{family}_bwd{suffix}"
+            missing_bwd = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}"
+            continue
+        if needs_grad and family == "sm80" and probe.smem_per_block(device) < SM80_BWD_SMEM_BYTES:
+            missing_bwd = (f"inputs require grad and the sm80 backward needs {SM80_BWD_SMEM_BYTES // 1024} KB of "
+                           f"shared memory a block; {device} offers {probe.smem_per_block(device) // 1024} KB")
             continue
         return Decision(True, fwd, detail)
     if missing_bwd is not None:
-        return _fallback(f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}")
+        return _fallback(missing_bwd)
     return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}")

@@ -19,7 +19,7 @@ def route_cpu():
 
 
 @contextlib.contextmanager
-def pretend_cuda(capability=(8, 0), kernels=None):
+def pretend_cuda(capability=(8, 0), kernels=None, smem_per_block=227 * 1024):
     """Makes the router see every CUDA device with this compute capability and
     these built kernel names (default: sm80 fwd and bwd for fp16/bf16 and every
     head dim). Process-wide; not thread-safe."""
@@ -27,10 +27,12 @@ def pretend_cuda(capability=(8, 0), kernels=None):
         kernels = [f"sm80_{p}_{d}_hdim{e}" for p in ("fwd", "bwd") for d in ("fp16", "bf16")
                    for e in (32, 64, 96, 128, 192, 256)]
     kernels = frozenset(kernels)
-    saved = _router.probe.capability, _router.probe.kernels
-    _router.probe.capability = lambda device: tuple(capability)
-    _router.probe.kernels = lambda: kernels
+    probe = _router.probe
+    saved = probe.capability, probe.kernels, probe.smem_per_block
+    probe.capability = lambda device: tuple(capability)
+    probe.kernels = lambda: kernels
+    probe.smem_per_block = lambda device: smem_per_block
     try:
         yield
     finally:
-        _router.probe.capability, _router.probe.kernels = saved
+        probe.capability, probe.kernels, probe.smem_per_block = saved
