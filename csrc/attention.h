@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -74,6 +75,36 @@ inline double softmax_scale(std::optional<double> scale, int64_t head_dim) {
 // (B, H, L, E) view of a tensor laid out as (B, L, H, E) in memory: see ops.cpp.
 inline at::Tensor empty_blhe(int64_t b, int64_t h, int64_t l, int64_t e, const at::TensorOptions& opts) {
   return at::empty({b, l, h, e}, opts).transpose(1, 2);
+}
+
+inline bool is_empty_problem(const AttnShape& s) {
+  return s.batch == 0 || s.heads_q == 0 || s.len_q == 0 || s.len_k == 0;
+}
+
+// fwd's (out, lse). For an empty problem they are already the answer: with no
+// keys an empty softmax contributes nothing (as PyTorch's math path gives).
+inline std::tuple<at::Tensor, at::Tensor> fwd_outputs(const at::Tensor& q, const AttnShape& s) {
+  at::Tensor out = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
+  if (is_empty_problem(s)) {
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+  }
+  return {out, lse};
+}
+
+// bwd's (dq, dk, dv); zeros for an empty problem.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_outputs(const at::Tensor& q, const at::Tensor& k,
+                                                                  const at::Tensor& v, const AttnShape& s) {
+  at::Tensor dq = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
+  at::Tensor dk = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, k.options());
+  at::Tensor dv = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, v.options());
+  if (is_empty_problem(s)) {
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+  }
+  return {dq, dk, dv};
 }
 
 }  // namespace tfb

@@ -92,22 +92,13 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
   p.num_sms = device_info(q.get_device()).num_sms;
 }
 
-bool is_empty_problem(const AttnShape& s) {
-  return s.batch == 0 || s.heads_q == 0 || s.len_q == 0 || s.len_k == 0;
-}
-
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             std::optional<double> scale, bool is_causal) {
   const AttnShape s = check_qkv(q, k, v);
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
-  at::Tensor lse = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
-  if (is_empty_problem(s)) {
-    // No keys: an empty softmax contributes nothing (as PyTorch's math path gives).
-    out.zero_();
-    lse.fill_(-std::numeric_limits<float>::infinity());
-    return {out, lse};
-  }
+  at::Tensor out, lse;
+  std::tie(out, lse) = fwd_outputs(q, s);
+  if (is_empty_problem(s)) return {out, lse};
   check_cuda_inputs(q, s, /*backward=*/false);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
@@ -126,15 +117,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor dq = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
-  at::Tensor dk = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, k.options());
-  at::Tensor dv = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, v.options());
-  if (is_empty_problem(s)) {
-    dq.zero_();
-    dk.zero_();
-    dv.zero_();
-    return {dq, dk, dv};
-  }
+  at::Tensor dq, dk, dv;
+  std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
+  if (is_empty_problem(s)) return {dq, dk, dv};
   check_cuda_inputs(q, s, /*backward=*/true);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
