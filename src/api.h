@@ -22,4 +22,18 @@ size_t bwd_workspace_bytes(const AttnBwdParams& params);
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace sm80
+
+namespace sm90 {
+
+// The Hopper forward (sm_90a: TMA, wgmma, warp specialisation). Head dims
+// without an instantiation here are served by sm80.
+bool has_fwd(DType dtype, int head_dim);
+
+// Whether these sizes and strides fit the TMA descriptors (16-byte aligned
+// pointers and strides); when false, run sm80::run_fwd instead.
+bool can_run_fwd(const AttnFwdParams& params);
+
+cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
+
+}  // namespace sm90
 }  // namespace tfb

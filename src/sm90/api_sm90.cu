@@ -1,0 +1,76 @@
+// Runtime (dtype, head dim) -> compiled sm90 instantiation. Compiled like the
+// rest of the library (no sm_90a code here), so it only names the launchers.
+#include <cstdint>
+#include <type_traits>
+
+#include <cutlass/numeric_types.h>
+
+#include "api.h"
+#include "sm90/launch.h"
+
+namespace tfb {
+namespace sm90 {
+namespace {
+
+template <typename Fn>
+bool visit_head_dim(int head_dim, Fn&& fn) {
+  switch (head_dim) {
+#ifdef TFB_WITH_HDIM64
+    case 64: fn(std::integral_constant<int, 64>{}); return true;
+#endif
+#ifdef TFB_WITH_HDIM96
+    case 96: fn(std::integral_constant<int, 96>{}); return true;
+#endif
+#ifdef TFB_WITH_HDIM128
+    case 128: fn(std::integral_constant<int, 128>{}); return true;
+#endif
+#ifdef TFB_WITH_HDIM192
+    case 192: fn(std::integral_constant<int, 192>{}); return true;
+#endif
+#ifdef TFB_WITH_HDIM256
+    case 256: fn(std::integral_constant<int, 256>{}); return true;
+#endif
+    default: return false;
+  }
+}
+
+template <typename Fn>
+bool visit(DType dtype, int head_dim, Fn&& fn) {
+  if (dtype == DType::kFloat16) {
+    return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::half_t{}, d); });
+  }
+  return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::bfloat16_t{}, d); });
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// TMA strides are in bytes and must be multiples of 16 (8 two-byte elements).
+// A dim of size 1 is never stepped along: the launcher replaces its stride.
+bool stride_ok(int64_t stride, int size) { return size <= 1 || stride % 8 == 0; }
+
+bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row, int heads, int rows) {
+  return stride_ok(batch, p.batch) && stride_ok(head, heads) && stride_ok(row, rows);
+}
+
+}  // namespace
+
+bool has_fwd(DType dtype, int head_dim) { return visit(dtype, head_dim, [](auto, auto) {}); }
+
+bool can_run_fwd(const AttnFwdParams& p) {
+  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
+         strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q) &&
+         strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k) &&
+         strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k) &&
+         strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
+}
+
+cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
+  cudaError_t err = cudaErrorNotSupported;
+  visit(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    err = launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  });
+  return err;
+}
+
+}  // namespace sm90
+}  // namespace tfb
