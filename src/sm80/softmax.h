@@ -37,6 +37,12 @@ struct OnlineSoftmax {
   CUTE_DEVICE void update(TensorS& acc_s, TensorO& acc_o, float scale_log2) {
     Tensor s = acc_rowcol(acc_s);
     Tensor o = acc_rowcol(acc_o);
+    update_rows(s, o, scale_log2);
+  }
+
+  // The same on (row, col) views of the fragments, for any MMA's layout.
+  template <class RowColS, class RowColO>
+  CUTE_DEVICE void update_rows(RowColS& s, RowColO& o, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
     static_assert(decltype(size<0>(o))::value == kRows);
 
@@ -67,6 +73,11 @@ struct OnlineSoftmax {
   template <class TensorO>
   CUTE_DEVICE auto finalize(TensorO& acc_o, float scale) {
     Tensor o = acc_rowcol(acc_o);
+    return finalize_rows(o, scale);
+  }
+
+  template <class RowColO>
+  CUTE_DEVICE auto finalize_rows(RowColO& o, float scale) {
     Tensor lse = make_tensor_like(row_sum);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {

@@ -1,14 +1,86 @@
-// Host side of the sm90 forward.
+// Host side of the sm90 forward: builds the TMA descriptors for this call's
+// pointers and strides and launches one persistent CTA per SM (or per tile,
+// when there are fewer tiles).
 #pragma once
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "sm90/kernel_fwd.h"
+#include "sm90/kernel_traits_fwd.h"
+#include "api.h"
 #include "sm90/launch.h"
 
 namespace tfb {
 namespace sm90 {
 
+namespace detail {
+
+// A dim of size 1 is never stepped along, but TMA still wants its stride to be
+// a multiple of 16 bytes: give it one.
+inline int64_t usable_stride(int64_t stride, int size) { return size <= 1 ? 8 : stride; }
+
+template <class Traits, typename Pointer>
+auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride, int64_t head_stride,
+                 int64_t batch_stride) {
+  using Element = typename Traits::Element;
+  return make_tensor(make_gmem_ptr(static_cast<Pointer>(ptr)),
+                     make_shape(rows, Traits::kHeadDim, heads, batch),
+                     make_stride(usable_stride(row_stride, rows), _1{}, usable_stride(head_stride, heads),
+                                 usable_stride(batch_stride, batch)));
+}
+
+}  // namespace detail
+
+template <class Traits>
+cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  if (a.head_dim != Traits::kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 ||
+      a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t m_blocks = (a.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (m_blocks * a.heads_q * a.batch > INT_MAX) return cudaErrorInvalidValue;
+
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
+                                        a.q_row_stride, a.q_head_stride, a.q_batch_stride);
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), a.len_k, a.heads_kv, a.batch,
+                                        a.k_row_stride, a.k_head_stride, a.k_batch_stride);
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), a.len_k, a.heads_kv, a.batch,
+                                        a.v_row_stride, a.v_head_stride, a.v_batch_stride);
+  auto mO = detail::gmem_tensor<Traits>(static_cast<Element*>(a.o), a.len_q, a.heads_q, a.batch, a.o_row_stride,
+                                        a.o_head_stride, a.o_batch_stride);
+  using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
+  using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
+
+  FwdKernelParams<Traits> p{
+      {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
+       make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
+       make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
+       mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
+      {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}), mO.shape(), a.lse,
+       a.len_q, a.heads_q},
+      {int(m_blocks), a.heads_q, a.batch},
+      {a.len_q, a.len_k, a.is_causal},
+      a.scale};
+
+  auto kernel = &fwd_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+  const int grid = std::min(p.scheduler.num_tiles(), std::max(a.num_sms, 1));
+  kernel<<<grid, Traits::kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename Element, int kHeadDim>
-cudaError_t launch_fwd(const AttnFwdParams&, cudaStream_t) {
-  return cudaErrorNotSupported;
+cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
+  return launch_fwd_with<typename FwdConfig<Element, kHeadDim>::Traits>(params, stream);
 }
 
 }  // namespace sm90

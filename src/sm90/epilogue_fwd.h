@@ -1,0 +1,76 @@
+// The forward's epilogue: normalised O goes registers -> shared memory
+// (stmatrix, into Q's buffer, which no GEMM reads any more) -> global memory
+// with one TMA store, which also drops the rows past the sequence end. The
+// logsumexp goes straight from registers to global memory.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm90/mainloop_fwd.h"
+#include "sm90/utils.h"
+
+namespace tfb {
+namespace sm90 {
+
+template <class Traits>
+struct FwdEpilogue {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  struct Params {
+    typename Traits::TmaO tma_o;
+    typename Traits::GmemShape shape_o;  // (L, E, Hq, B)
+    float* lse;                          // (B, Hq, L), contiguous
+    int len_q;
+    int heads_q;
+  };
+
+  template <class AccO, class Lse>
+  CUTE_DEVICE static void store(Params const& p, typename Traits::SharedStorage& shared, AccO const& acc_o,
+                                Lse const& lse, TileScheduler::Tile const& tile, int thread_idx) {
+    typename Traits::MmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+
+    // Every consumer's last Q K^T has read Q's buffer before O overwrites it.
+    named_barrier_sync(int(Barrier::kEpilogue), Traits::kConsumerThreads);
+    Tensor sO = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor o_regs = convert_fragment<Element>(acc_o);
+    auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto thr_store = store_o.get_thread_slice(thread_idx);
+    copy(store_o, thr_store.retile_S(o_regs), thr_store.partition_D(sO));
+    // stmatrix writes through the generic proxy; the TMA store reads through
+    // the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(Barrier::kEpilogue), Traits::kConsumerThreads);
+
+    if (thread_idx == 0) {
+      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
+      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(tile.m_block, 0));
+      auto thr_tma = p.tma_o.get_slice(0);
+      copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
+      tma_store_arrive();
+      // The next tile's Q may land in this buffer once the store has read it.
+      tma_store_wait<0>();
+      shared.q_free.arrive();
+    }
+
+    // The lane of each quad that holds column 0 writes its rows' logsumexp.
+    Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor coord = make_tensor(cO.data(), acc_rowcol_layout(cO.layout()));
+    static_assert(decltype(size<0>(coord))::value == decltype(size(lse))::value);
+    if (get<1>(coord(0, 0)) == 0) {
+      const int m0 = tile.m_block * kBlockM;
+      float* lse_rows = p.lse + (int64_t(tile.batch) * p.heads_q + tile.head) * p.len_q;
+#pragma unroll
+      for (int r = 0; r < size<0>(coord); ++r) {
+        const int row = m0 + get<0>(coord(r, 0));
+        if (row < p.len_q) lse_rows[row] = lse(r);
+      }
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace tfb

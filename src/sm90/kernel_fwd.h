@@ -1,0 +1,96 @@
+// The sm90 forward kernel: a persistent, warp-specialised CTA. Warpgroup 0
+// produces (TMA loads of Q, K, V), warpgroups 1.. consume (wgmma, softmax,
+// epilogue); registers move from the producer to the consumers at start.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "sm80/softmax.h"
+#include "sm90/epilogue_fwd.h"
+#include "sm90/mainloop_fwd.h"
+#include "sm90/tile_scheduler.h"
+
+namespace tfb {
+namespace sm90 {
+
+template <class Traits>
+struct FwdKernelParams {
+  typename FwdMainloop<Traits>::Params mainloop;
+  typename FwdEpilogue<Traits>::Params epilogue;
+  TileScheduler scheduler;
+  sm80::AttnMask<Traits::kBlockM, Traits::kBlockN> mask;
+  float scale;
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits> const p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = FwdMainloop<Traits>;
+  using Epilogue = FwdEpilogue<Traits>;
+  using Pipeline = typename Traits::Pipeline;
+  using SharedStorage = typename Traits::SharedStorage;
+
+  extern __shared__ __align__(1024) char smem[];
+  SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
+
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool producer = warpgroup == 0;
+
+  if (warp == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(p.mainloop.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.mainloop.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.mainloop.tma_v.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.epilogue.tma_o.get_tma_descriptor());
+    shared.q_full.init(1);
+    shared.q_free.init(1);
+  }
+
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kKVBytes;
+  pipeline_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = Traits::kConsumerThreads;
+  Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  // Barrier initialisation is visible to every thread (and to TMA) before use.
+  __syncthreads();
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (threadIdx.x == 0) Mainloop::load(p.mainloop, shared, pipeline_k, pipeline_v, p.scheduler, p.mask);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+    const int thread_idx = threadIdx.x - 128;
+    const int consumer = warpgroup - 1;
+    // The first turn to issue Q K^T goes to consumer 0.
+    if constexpr (Traits::kConsumerWarpgroups > 1) {
+      if (consumer == Traits::kConsumerWarpgroups - 1) named_barrier_arrive(int(Barrier::kWarpgroupTurn), 2 * 128);
+    }
+
+    typename Traits::MmaPV mma_pv;
+    typename cutlass::PipelineState<Traits::kStages> read;
+    int local_tile_count = 0;
+    for (int index = blockIdx.x; index < p.scheduler.num_tiles(); index += gridDim.x, ++local_tile_count) {
+      const auto tile = p.scheduler.tile(index);
+      Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
+      sm80::OnlineSoftmax<2> softmax;
+      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask, tile.m_block, local_tile_count,
+                        thread_idx, acc_o, softmax);
+      Tensor o = acc_rowcol(acc_o);
+      auto lse = softmax.finalize_rows(o, p.scale);
+      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, thread_idx);
+    }
+    // Consume the turn the last consumer handed out at start, so no arrival is left
+    // pending on the barrier when the CTA exits.
+    if constexpr (Traits::kConsumerWarpgroups > 1) {
+      if (consumer == 0) named_barrier_sync(int(Barrier::kWarpgroupTurn), 2 * 128);
+    }
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace tfb

@@ -1,0 +1,130 @@
+// Compile-time configuration of the sm90 forward: tile sizes per head dim,
+// thread roles, shared-memory layouts, the two wgmma tilings and the TMA types.
+//
+// A CTA is one producer warpgroup (one thread issues every TMA load) and
+// kBlockM / 64 consumer warpgroups, each owning 64 query rows of the tile.
+#pragma once
+
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace tfb {
+namespace sm90 {
+
+using namespace cute;
+
+// The widest swizzle whose atom divides the head dim: 128-byte rows when the
+// head dim is a multiple of 64 elements, else 64-byte (head dim 96).
+template <typename Element, int kWidth>
+constexpr auto k_major_smem_atom() {
+  if constexpr (kWidth % 64 == 0) {
+    return GMMA::Layout_K_SW128_Atom<Element>{};
+  } else if constexpr (kWidth % 32 == 0) {
+    return GMMA::Layout_K_SW64_Atom<Element>{};
+  } else {
+    return GMMA::Layout_K_SW32_Atom<Element>{};
+  }
+}
+
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
+  static constexpr int kThreads = kConsumerThreads + 128;
+  static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups <= 3);
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
+  // The producer needs few registers; the consumers hold S, P and O.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+
+  // S = Q K^T: both operands from shared memory, K-major (head dim contiguous).
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  // O += P V: P from registers, V from shared memory read along the key
+  // (MN-major: V's rows are contiguous in the head dim).
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>(),
+      Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+
+  using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
+  // The O tile of the epilogue reuses Q's buffer (same shape).
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // V as P.V's B operand, (head dim, key, stage): the same bytes with the
+  // first two modes swapped.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+
+  using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    typename Pipeline::SharedStorage pipeline_k;
+    typename Pipeline::SharedStorage pipeline_v;
+    cutlass::arch::ClusterTransactionBarrier q_full;   // Q landed
+    cutlass::arch::ClusterBarrier q_free;              // O of the previous tile left Q's buffer
+  };
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in an H100's shared memory");
+
+  // Global tensors as the TMA descriptors see them: (row, dim, head, batch).
+  using GmemShape = Shape<int, int, int, int>;
+  using GmemStride = Stride<int64_t, _1, int64_t, int64_t>;
+  using GmemTensor = decltype(make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), GmemShape{},
+                                          GmemStride{}));
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
+                                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVStage{},
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{},
+                                      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
+                                                  GmemStride{}),
+                                      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+};
+
+// Tile sizes per head dim: the largest key tile whose two-stage K/V pipeline,
+// Q tile and barriers fit in 227 KB.
+template <typename Element, int kHeadDim>
+struct FwdConfig;
+
+template <typename Element>
+struct FwdConfig<Element, 64> {
+  using Traits = FwdTraits<Element, 64, 128, 128, 2>;
+};
+template <typename Element>
+struct FwdConfig<Element, 96> {
+  using Traits = FwdTraits<Element, 96, 128, 128, 2>;
+};
+template <typename Element>
+struct FwdConfig<Element, 128> {
+  using Traits = FwdTraits<Element, 128, 128, 128, 2>;
+};
+template <typename Element>
+struct FwdConfig<Element, 192> {
+  using Traits = FwdTraits<Element, 192, 128, 112, 2>;
+};
+template <typename Element>
+struct FwdConfig<Element, 256> {
+  using Traits = FwdTraits<Element, 256, 128, 80, 2>;
+};
+
+}  // namespace sm90
+}  // namespace tfb

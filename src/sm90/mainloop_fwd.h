@@ -1,0 +1,165 @@
+// The forward's main loop, in its two roles.
+//
+// load(): one producer thread streams a tile's Q once and its K/V tiles
+// through a kStages-deep ring of shared-memory buffers with TMA, each buffer
+// completing on its own mbarrier (PipelineTmaAsync). K and V have separate
+// barriers so S = Q K^T can start before V has landed.
+//
+// compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
+// shared memory), the mask, the online softmax, and O += P V (wgmma with P
+// from registers). Key tiles are visited from the last to the first, so the
+// tiles that need the causal or length mask come first and the rest run
+// without per-element checks.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "params.h"
+#include "sm80/mask.h"
+#include "sm80/softmax.h"
+#include "sm90/tile_scheduler.h"
+#include "sm90/utils.h"
+
+namespace tfb {
+namespace sm90 {
+
+// Named barrier ids (0 is __syncthreads).
+enum class Barrier : int {
+  kEpilogue = 1,      // the consumer warpgroups, around the O tile in shared memory
+  kWarpgroupTurn = 2  // + consumer warpgroup index: whose turn it is to issue Q K^T
+};
+
+template <class Traits>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename cutlass::PipelineState<Traits::kStages>;
+  using SharedStorage = typename Traits::SharedStorage;
+  using Mask = sm80::AttnMask<Traits::kBlockM, Traits::kBlockN>;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  struct Params {
+    typename Traits::TmaQ tma_q;
+    typename Traits::TmaKV tma_k;
+    typename Traits::TmaKV tma_v;
+    typename Traits::GmemShape shape_q;  // (L, E, Hq, B)
+    typename Traits::GmemShape shape_k;  // (S, E, Hkv, B)
+    int group;                           // q heads per kv head
+    float scale_log2;
+  };
+
+  // Producer: runs on one thread of the producer warpgroup.
+  template <class Scheduler>
+  CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
+                               Pipeline& pipeline_v, Scheduler const& scheduler, Mask const& mask) {
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+
+    PipelineState write = cutlass::make_producer_start_state<Pipeline>();
+    int local_tile_count = 0;
+    for (int index = blockIdx.x; index < scheduler.num_tiles(); index += gridDim.x, ++local_tile_count) {
+      const auto tile = scheduler.tile(index);
+      const int kv_head = tile.head / p.group;
+      Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(tile.m_block, 0));
+      Tensor gK = local_tile(mK(_, _, kv_head, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      Tensor gV = local_tile(mV(_, _, kv_head, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+      const int n_end = mask.n_block_end(tile.m_block);
+      // The first K tile does not depend on the previous tile's epilogue; Q
+      // waits for it because O is staged in Q's buffer.
+      pipeline_k.producer_acquire(write);
+      copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_end - 1), tKsK(_, write.index()));
+      if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
+      shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
+      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
+      pipeline_v.producer_acquire(write);
+      copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_end - 1), tVsV(_, write.index()));
+      ++write;
+      for (int n_block = n_end - 2; n_block >= 0; --n_block) {
+        pipeline_k.producer_acquire(write);
+        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
+        pipeline_v.producer_acquire(write);
+        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_block), tVsV(_, write.index()));
+        ++write;
+      }
+    }
+  }
+
+  // Consumer: one warpgroup's share (64 rows) of one query tile. Returns the
+  // softmax state for the epilogue; acc_o holds the unnormalised output.
+  template <class AccO, class Softmax>
+  CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
+                                  Pipeline& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
+                                  int local_tile_count, int thread_idx, AccO& acc_o, Softmax& softmax) {
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+
+    typename Traits::MmaQK mma_qk;
+    typename Traits::MmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread_idx);
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+    const int warpgroup = thread_idx / 128;
+    const int next_warpgroup = (warpgroup + 1) % Traits::kConsumerWarpgroups;
+    constexpr int kTurnThreads = 2 * 128;
+
+    // A negative scale flips which score is largest; the softmax wants
+    // scale >= 0, so the scores are negated instead.
+    const bool flip = p.scale_log2 < 0.f;
+    const float scale_log2 = fabsf(p.scale_log2);
+
+    clear(acc_o);
+    const int n_end = mask.n_block_end(m_block);
+    shared.q_full.wait(local_tile_count & 1);
+    for (int n_block = n_end - 1; n_block >= 0; --n_block) {
+      Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      pipeline_k.consumer_wait(read);
+      // Warpgroups take turns issuing Q K^T, so one's softmax overlaps the
+      // other's GEMMs instead of all of them contending at once.
+      if constexpr (Traits::kConsumerWarpgroups > 1) {
+        named_barrier_sync(int(Barrier::kWarpgroupTurn) + warpgroup, kTurnThreads);
+      }
+      wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      if constexpr (Traits::kConsumerWarpgroups > 1) {
+        named_barrier_arrive(int(Barrier::kWarpgroupTurn) + next_warpgroup, kTurnThreads);
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_s);
+      pipeline_k.consumer_release(read);
+
+      if (flip) sm80::negate_scores(acc_s);
+      if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+      {
+        Tensor s = acc_rowcol(acc_s);
+        Tensor o = acc_rowcol(acc_o);
+        softmax.update_rows(s, o, scale_log2);
+      }
+      Tensor p_regs = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
+
+      pipeline_v.consumer_wait(read);
+      wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
+      pipeline_v.consumer_release(read);
+      ++read;
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace tfb

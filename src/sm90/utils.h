@@ -1,0 +1,81 @@
+// Device primitives of the sm90 family: views of wgmma accumulator fragments,
+// the wgmma issue sequence, and named barriers between warpgroups.
+//
+// Fragment convention (wgmma m64nNk16): a warpgroup's accumulator fragment is
+// ((2, 2, N/8), MMA_M, MMA_N) per thread: a column pair, the row and the row
+// eight below it, then N/8 column groups. As with mma.sync, the four lanes of a
+// quad share rows, so row reductions need two xor-shuffles.
+#pragma once
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "sm80/utils.h"
+
+namespace tfb {
+namespace sm90 {
+
+using namespace cute;
+using sm80::convert_fragment;
+
+// (rows, cols) = ((2, MMA_M), (2, N/8, MMA_N)) view of an accumulator layout.
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol_layout(Layout const& acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  static_assert(decltype(rank<0>(acc))::value == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+template <class Engine, class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol(Tensor<Engine, Layout>& acc) {
+  return make_tensor(acc.data(), acc_rowcol_layout(acc.layout()));
+}
+
+// Two neighbouring 8-column groups of an accumulator hold exactly the eight
+// values a k16 A operand takes from registers, so P feeds the P.V wgmma
+// without leaving registers: ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto acc_as_a_operand_layout(Layout const& acc) {
+  static_assert(decltype(size<0, 2>(acc))::value % 2 == 0);
+  auto split = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});  // (2, 2, (2, N/16))
+  return make_layout(make_layout(get<0>(split), get<1>(split), get<2, 0>(split)), get<1>(acc),
+                     coalesce(make_layout(get<2, 1>(split), get<2>(acc))));
+}
+
+// acc (=|+=) A * B on the tensor cores, issued by this warpgroup; waits until
+// at most kPending wgmma batches of this warpgroup are still in flight. With
+// kPending < 0 it returns at once: the caller waits (warpgroup_wait) and then
+// fences acc before reading it.
+template <bool kZeroInit, int kPending, class TiledMma, class FragA, class FragB, class Acc>
+CUTE_DEVICE void wgmma(TiledMma& mma, FragA const& a, FragB const& b, Acc& acc) {
+  constexpr bool kAInRegisters =
+      !is_same_v<remove_cvref_t<typename FragA::engine_type::iterator>, GMMA::DescriptorIterator>;
+  if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<FragA&>(a));
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kPending >= 0) {
+    warpgroup_wait<kPending>();
+    warpgroup_fence_operand(acc);
+    if constexpr (kAInRegisters) warpgroup_fence_operand(const_cast<FragA&>(a));
+  }
+}
+
+// Named barriers (bar.sync / bar.arrive) among a subset of the CTA's warps.
+// Id 0 is __syncthreads().
+CUTE_DEVICE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+CUTE_DEVICE void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace sm90
+}  // namespace tfb
