@@ -43,13 +43,21 @@ struct OnlineSoftmax {
   // The same on (row, col) views of the fragments, for any MMA's layout.
   template <class RowColS, class RowColO>
   CUTE_DEVICE void update_rows(RowColS& s, RowColO& o, float scale_log2) {
-    static_assert(decltype(size<0>(s))::value == kRows);
     static_assert(decltype(size<0>(o))::value == kRows);
+    Tensor correction = update_stats(s, scale_log2);
+    scale_rows(o, correction);
+  }
 
+  // update_rows without touching O: returns the per-row factor O must be
+  // scaled by, so a kernel can compute it while a GEMM still writes O.
+  template <class RowColS>
+  CUTE_DEVICE auto update_stats(RowColS& s, float scale_log2) {
+    static_assert(decltype(size<0>(s))::value == kRows);
     Tensor new_max = make_tensor_like(row_max);
     copy(row_max, new_max);
     reduce_rows_local(s, new_max, MaxOp{});
     Tensor max_scaled = make_tensor_like(row_max);
+    Tensor correction = make_tensor_like(row_max);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       new_max(r) = lane_allreduce<4>(new_max(r), MaxOp{});
@@ -57,14 +65,13 @@ struct OnlineSoftmax {
       // 2^((old - new) * scale_log2); the old max is -inf before the first
       // visible key, giving 0 (and never (-inf) - (-inf)).
       const float bias = new_max(r) == -INFINITY ? 0.f : max_scaled(r);
-      const float correction = exp2f(row_max(r) * scale_log2 - bias);
-      row_sum(r) *= correction;
+      correction(r) = exp2f(row_max(r) * scale_log2 - bias);
+      row_sum(r) *= correction(r);
       row_max(r) = new_max(r);
-#pragma unroll
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
     }
     exp2_rows(s, max_scaled, scale_log2);
     reduce_rows_local(s, row_sum, SumOp{});
+    return correction;
   }
 
   // Normalises acc_o and returns, per row, the natural-log logsumexp of the

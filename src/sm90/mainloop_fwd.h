@@ -7,9 +7,12 @@
 //
 // compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
 // shared memory), the mask, the online softmax, and O += P V (wgmma with P
-// from registers). Key tiles are visited from the last to the first, so the
-// tiles that need the causal or length mask come first and the rest run
-// without per-element checks.
+// from registers). Two overlaps hide the softmax: within a warpgroup, the
+// softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
+// across warpgroups, they take turns issuing GEMMs, so one's softmax runs
+// while the other's GEMMs do. Key tiles are visited from the last to the
+// first, so the tiles that need the causal or length mask come first and the
+// rest run without per-element checks.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -124,40 +127,74 @@ struct FwdMainloop {
     const bool flip = p.scale_log2 < 0.f;
     const float scale_log2 = fabsf(p.scale_log2);
 
-    clear(acc_o);
-    const int n_end = mask.n_block_end(m_block);
-    shared.q_full.wait(local_tile_count & 1);
-    for (int n_block = n_end - 1; n_block >= 0; --n_block) {
-      Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-      pipeline_k.consumer_wait(read);
-      // Warpgroups take turns issuing Q K^T, so one's softmax overlaps the
-      // other's GEMMs instead of all of them contending at once.
+    auto turn_begin = [&] {
       if constexpr (Traits::kConsumerWarpgroups > 1) {
         named_barrier_sync(int(Barrier::kWarpgroupTurn) + warpgroup, kTurnThreads);
       }
-      wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+    };
+    auto turn_end = [&] {
       if constexpr (Traits::kConsumerWarpgroups > 1) {
         named_barrier_arrive(int(Barrier::kWarpgroupTurn) + next_warpgroup, kTurnThreads);
       }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_s);
-      pipeline_k.consumer_release(read);
-
+    };
+    auto mask_scores = [&](auto& acc_s, int n_block) {
       if (flip) sm80::negate_scores(acc_s);
       if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
-      {
-        Tensor s = acc_rowcol(acc_s);
-        Tensor o = acc_rowcol(acc_o);
-        softmax.update_rows(s, o, scale_log2);
-      }
-      Tensor p_regs = convert_fragment<Element>(acc_s);
-      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
+    };
 
-      pipeline_v.consumer_wait(read);
-      wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, read.index()), acc_o);
-      pipeline_v.consumer_release(read);
+    clear(acc_o);
+    const int n_end = mask.n_block_end(m_block);
+    shared.q_full.wait(local_tile_count & 1);
+
+    // The last key tile alone: its P seeds the loop.
+    Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    pipeline_k.consumer_wait(read);
+    turn_begin();
+    wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+    turn_end();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    pipeline_k.consumer_release(read);
+    mask_scores(acc_s, n_end - 1);
+    {
+      Tensor s = acc_rowcol(acc_s);
+      softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
+    }
+    Tensor p_regs = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
+    PipelineState read_v = read;
+    ++read;
+
+    // Each step issues S = Q K^T for the next key tile and O += P V for the
+    // previous one back to back, then runs the softmax of the new S while
+    // P V is still on the tensor cores; only the O rescale waits for it.
+    for (int n_block = n_end - 2; n_block >= 0; --n_block) {
+      pipeline_k.consumer_wait(read);
+      turn_begin();
+      wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
+      pipeline_v.consumer_wait(read_v);
+      wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
+      turn_end();
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_s);
+      pipeline_k.consumer_release(read);
+      mask_scores(acc_s, n_block);
+      Tensor s = acc_rowcol(acc_s);
+      Tensor correction = softmax.update_stats(s, scale_log2);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      warpgroup_fence_operand(tOrP);
+      pipeline_v.consumer_release(read_v);
+      Tensor o = acc_rowcol(acc_o);
+      sm80::scale_rows(o, correction);
+      copy(convert_fragment<Element>(acc_s), p_regs);
+      read_v = read;
       ++read;
     }
+
+    pipeline_v.consumer_wait(read_v);
+    wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
+    pipeline_v.consumer_release(read_v);
   }
 };
 
