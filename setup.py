@@ -4,7 +4,8 @@ It registers ops with the dispatcher and has no Python bindings, so Python loads
 it with torch.ops.load_library and a C++ program (or an AOTInductor runner) can
 dlopen the same file. CUDA sources are compiled when torch has CUDA and nvcc is
 found; set TFB_BUILD_CUDA=0 to build the CPU part only. TFB_HEAD_DIMS (e.g.
-"64,128") trims the compiled head dims.
+"64,128") trims the compiled head dims; TFB_BUILD_SM90=0 leaves out the Hopper
+forward family.
 """
 import glob
 import os
@@ -17,6 +18,11 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# sm_80 machine code plus PTX, so Ada and Hopper run the sm80 family too.
+SM80_ARCH = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]
+# wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip:
+# machine code alone.
+SM90_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
 
 
 def _cutlass_include() -> str:
@@ -54,13 +60,33 @@ def _rel(paths):
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
 
-def _instantiations(head_dims):
-    files = glob.glob(os.path.join(ROOT, "src", "*", "instantiations", "*.cu"))
-    return [f for f in files if any(f"_hdim{d}_" in os.path.basename(f) for d in head_dims)]
+def _instantiations(family, head_dims):
+    files = glob.glob(os.path.join(ROOT, "src", family, "instantiations", "*.cu"))
+    return _rel(f for f in files if any(f"_hdim{d}_" in os.path.basename(f) for d in head_dims))
 
 
 class BuildLibrary(BuildExtension):
-    """Names the output as a plain shared library, not a Python module."""
+    """Names the output as a plain shared library, not a Python module, and
+    compiles ext.sm90_sources for sm_90a alone (an extension has one nvcc flag set).
+    """
+
+    def finalize_options(self):
+        super().finalize_options()
+        # pip compiles in a fresh temporary directory; one fixed place keeps its
+        # rebuilds incremental and its ninja logs for scripts/compile_times.py.
+        self.build_temp = os.path.join(ROOT, "build", "temp")
+
+    def build_extension(self, ext):
+        sm90_sources = getattr(ext, "sm90_sources", [])
+        if sm90_sources:
+            args = dict(ext.extra_compile_args)
+            args["nvcc"] = [f for f in args["nvcc"] if f not in SM80_ARCH] + SM90_ARCH
+            # A directory of their own: torch writes one build.ninja per output directory.
+            ext.extra_objects = ext.extra_objects + self.compiler.compile(
+                sm90_sources, output_dir=os.path.join(self.build_temp, "sm90"), macros=ext.define_macros,
+                include_dirs=ext.include_dirs, extra_postargs=args, depends=ext.depends,
+            )
+        super().build_extension(ext)
 
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
@@ -88,25 +114,27 @@ def extension():
         )
 
     head_dims = _head_dims()
+    with_sm90 = os.environ.get("TFB_BUILD_SM90", "1") != "0"
     defines = ["-DTFB_WITH_CUDA"] + [f"-DTFB_WITH_HDIM{d}" for d in head_dims]
+    if with_sm90:
+        defines.append("-DTFB_WITH_SM90")
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
-    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu")) + _instantiations(head_dims))
+    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu"))) + _instantiations("sm80", head_dims)
     nvcc = [
         "-O3", "-std=c++17", "-DNDEBUG",
         "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        # sm_80 machine code plus PTX, so Ada and Hopper run the sm80 family too.
-        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80",
         "-Xfatbin", "-compress-all",
-    ] + defines
+    ] + SM80_ARCH + defines
     if os.environ.get("TFB_PTXAS_VERBOSE"):
         nvcc += ["-Xptxas", "-v"]
     print(
-        f"torch_flash_backend: building CPU and CUDA (CUDA {torch.version.cuda}, head dims {head_dims})",
+        f"torch_flash_backend: building CPU and CUDA (CUDA {torch.version.cuda}, head dims {head_dims}, "
+        f"sm90 {'on' if with_sm90 else 'off (TFB_BUILD_SM90=0)'})",
         file=sys.stderr,
     )
-    return CUDAExtension(
+    ext = CUDAExtension(
         "torch_flash_backend.lib.libtorch_flash_backend",
         sources,
         include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "src"), _cutlass_include()],
@@ -114,6 +142,8 @@ def extension():
         extra_link_args=link,
         py_limited_api=True,
     )
+    ext.sm90_sources = _instantiations("sm90", head_dims) if with_sm90 else []
+    return ext
 
 
 setup(ext_modules=[extension()], cmdclass={"build_ext": BuildLibrary})

@@ -26,6 +26,7 @@ std::vector<std::string> built_kernels() {
       const std::string suffix = std::string("_") + dtype_name + "_hdim" + std::to_string(head_dim);
       if (tfb::sm80::has_fwd(dtype, head_dim)) names.push_back("sm80_fwd" + suffix);
       if (tfb::sm80::has_bwd(dtype, head_dim)) names.push_back("sm80_bwd" + suffix);
+      if (tfb::sm90::has_fwd(dtype, head_dim)) names.push_back("sm90_fwd" + suffix);
     }
   }
 #endif

@@ -4,6 +4,7 @@ These checks keep the promises of DESIGN.md that no other test would notice
 breaking: the kernels compile without torch, and the op library loads into a
 process that has no Python (a C++ program, an AOTInductor runner).
 """
+import glob
 import json
 import os
 import re
@@ -59,6 +60,53 @@ def test_csrc_never_includes_python():
     assert includes, "found no #include under csrc/"
     bad = [f"{path}: #include {header}" for path, _, header in includes if PYTHON_HEADER.search(header)]
     assert not bad, "csrc/ is a plain op library with no Python bindings:\n" + "\n".join(bad)
+
+
+def _instantiation_files(root):
+    paths = glob.glob(os.path.join(root, "*", "instantiations", "*.cu"))
+    return {os.path.relpath(p, root): open(p).read() for p in paths}
+
+
+def test_committed_instantiations_match_the_generator(tmp_path):
+    subprocess.run([sys.executable, os.path.join(ROOT, "src", "generate_instantiations.py"), str(tmp_path)], check=True)
+    committed, generated = _instantiation_files(os.path.join(ROOT, "src")), _instantiation_files(tmp_path)
+    stale = sorted(f for f in committed.keys() | generated.keys() if committed.get(f) != generated.get(f))
+    assert not stale, f"run `python src/generate_instantiations.py`; out of date: {stale}"
+    assert any(f.startswith("sm90" + os.sep) for f in generated)
+
+
+# sm_90a code (wgmma, setmaxnreg) in the sm90 instantiations alone; sm_80
+# machine code plus PTX everywhere else.
+SM90_INSTANTIATIONS = os.path.join("src", "sm90", "instantiations") + os.sep
+ARCHS = {"sm90": {"compute_90a", "sm_90a"}, "sm80": {"compute_80", "sm_80"}}
+
+
+def _archs(command):
+    return set(re.findall(r"\b(?:sm|compute)_\d+a?\b", command))
+
+
+def _family(path):
+    return "sm90" if path.startswith(SM90_INSTANTIATIONS) else "sm80"
+
+
+def _wrong_archs(commands):
+    """{file: archs} for the compile lines in `commands` ({file: line}) that target the wrong archs."""
+    return {f: _archs(c) for f, c in commands.items() if _archs(c) != ARCHS[_family(f)]}
+
+
+def test_setup_py_build_targets_sm90_files_alone_at_sm_90a():
+    """The ninja files of the last setup.py CUDA build (.ci/run makes one)."""
+    ninja_files = glob.glob(os.path.join(ROOT, "build", "temp*", "build.ninja"))
+    ninja_files += glob.glob(os.path.join(ROOT, "build", "temp*", "*", "build.ninja"))
+    commands = {}
+    for path in ninja_files:
+        text = open(path).read()
+        flags = re.search(r"^cuda_post_cflags = (.*)$", text, re.MULTILINE)
+        for source in re.findall(r"^build \S+: cuda_compile (\S+)$", text, re.MULTILINE):
+            commands[os.path.relpath(source, ROOT)] = flags.group(1)
+    if not commands:
+        pytest.skip("no setup.py CUDA build under build/")
+    assert not _wrong_archs(commands), _wrong_archs(commands)
 
 
 def _built_library():
@@ -130,6 +178,7 @@ def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):
         for d, _, names in os.walk(os.path.join(ROOT, "src")) for n in names if n.endswith(".cu")
     }
     assert set(kernels) == expected, "tfb_kernels must compile every .cu file under src/"
+    assert not _wrong_archs(kernels), _wrong_archs(kernels)
     torch_dir = os.path.dirname(torch.__file__)
     leaks = {f: c for f, c in kernels.items() if torch_dir in c}
     assert not leaks, f"kernel compile lines reach into torch: {next(iter(leaks.values()), '')[:500]}"

@@ -1,8 +1,11 @@
 // CUDA impls of the ops: check, fill the params struct, launch the kernel the
 // device's family provides on the current stream.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -57,15 +60,44 @@ void check_vector_aligned(const at::Tensor& t, const char* name) {
   }
 }
 
-void check_cuda_inputs(const at::Tensor& q, const AttnShape& s, bool backward) {
+const DeviceInfo& check_cuda_device(const at::Tensor& q) {
   TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor");
   const DeviceInfo& info = device_info(q.get_device());
   TORCH_CHECK(info.major >= 8, "torch_flash_backend CUDA kernels need compute capability >= 8.0, device ",
               q.device(), " has ", info.major, ".", info.minor);
-  const DType dtype = to_dtype(q);
-  const bool built = backward ? sm80::has_bwd(dtype, s.head_dim) : sm80::has_fwd(dtype, s.head_dim);
-  TORCH_CHECK(built, "no sm80 ", backward ? "backward" : "forward", " kernel was built for head_dim=", s.head_dim,
-              " and dtype ", q.scalar_type());
+  return info;
+}
+
+constexpr const char* kFamiliesEnv = "TFB_KERNEL_FAMILIES";
+
+std::string_view trim(std::string_view s) {
+  const size_t first = s.find_first_not_of(" \t");
+  return first == std::string_view::npos ? std::string_view() : s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+// TFB_KERNEL_FAMILIES (comma-separated names, e.g. "sm80"; unset or naming
+// none: all) limits the families these ops launch, as it limits the Python
+// router. Read on every call: a process may change it between calls.
+bool family_allowed(std::string_view family) {
+  const char* env = std::getenv(kFamiliesEnv);
+  std::string_view rest = env == nullptr ? "" : env;
+  bool names_any = false;
+  while (!rest.empty()) {
+    const size_t end = std::min(rest.find(','), rest.size());
+    const std::string_view name = trim(rest.substr(0, end));
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    if (name == family) return true;
+    names_any = names_any || !name.empty();
+  }
+  return !names_any;
+}
+
+// Every pass falls back on sm80; the error names the switch that took it away.
+void check_sm80(bool built, const char* pass, const at::Tensor& q, const AttnShape& s) {
+  TORCH_CHECK(family_allowed("sm80"), kFamiliesEnv, "=\"", std::getenv(kFamiliesEnv),
+              "\" excludes sm80, the only kernel family that can run this ", pass, " (head_dim=", s.head_dim,
+              ", dtype ", q.scalar_type(), ", ", q.device(), ")");
+  TORCH_CHECK(built, "no sm80 ", pass, " kernel was built for head_dim=", s.head_dim, " and dtype ", q.scalar_type());
 }
 
 
@@ -99,13 +131,19 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
   if (is_empty_problem(s)) return {out, lse};
-  check_cuda_inputs(q, s, /*backward=*/false);
+  const DeviceInfo& info = check_cuda_device(q);
+  const DType dtype = to_dtype(q);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
   check_vector_aligned(v, "v");
   AttnFwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal);
-  const cudaError_t err = sm80::run_fwd(p, to_dtype(q), c10::cuda::getCurrentCUDAStream().stream());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  // sm_90a code runs on compute capability 9.0 alone, not on later chips.
+  const bool use_sm90 = info.major == 9 && info.minor == 0 && family_allowed("sm90") &&
+                        sm90::has_fwd(dtype, p.head_dim) && sm90::can_run_fwd(p);
+  if (!use_sm90) check_sm80(sm80::has_fwd(dtype, p.head_dim), "forward", q, s);
+  const cudaError_t err = use_sm90 ? sm90::run_fwd(p, dtype, stream) : sm80::run_fwd(p, dtype, stream);
   TORCH_CHECK(err == cudaSuccess, "torch_flash_backend fwd launch failed: ", cudaGetErrorString(err));
   return {out, lse};
 }
@@ -120,7 +158,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
   if (is_empty_problem(s)) return {dq, dk, dv};
-  check_cuda_inputs(q, s, /*backward=*/true);
+  check_cuda_device(q);
+  check_sm80(sm80::has_bwd(to_dtype(q), s.head_dim), "backward", q, s);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
   check_vector_aligned(v, "v");
