@@ -89,7 +89,7 @@ probe = _Probe()
 # unset or empty: every family. The C++ ops read the same variable, so that a
 # benchmark or test can pin a family without rebuilding.
 FAMILIES_ENV = "TFB_KERNEL_FAMILIES"
-FAMILIES = ("sm90", "sm80")
+FAMILIES = ("sm90", "sm80")  # in order of preference where both run
 
 
 @functools.cache

@@ -82,7 +82,8 @@ def launched_families(fn) -> set[str]:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = {event.name for event in prof.events() if event.device_type == DeviceType.CUDA}
+    events = prof.events()
+    kernels = {e.name for e in events if e.device_type == DeviceType.CUDA} | {k.name for e in events for k in e.kernels}
     if not kernels:
         raise RuntimeError("the profiler recorded no CUDA kernels (is CUPTI available?)")
     # Demangled names read "tfb::sm90::..."; mangled ones hold "3tfb4sm90".
