@@ -1,14 +1,21 @@
 """TFLOP/s of our kernels beside PyTorch's SDPA backends, in one run on one GPU.
 
     python benchmarks/bench_sdpa.py                       # the full grid, markdown table
-    python benchmarks/bench_sdpa.py --head-dims 128 --lens 4096 --modes fwd
+    python benchmarks/bench_sdpa.py --head-dims 128 --lens 4096 --modes fwd --causal 1
 
 Grid: bf16, B*L = 16384 tokens, hidden 2048 (H = 2048 / E), q/k/v in the layout
 Hugging Face models pass ((B, L, H, E).transpose(1, 2)). FLOPs: 4*B*H*L*S*E for
 the forward, 2.5x that for the backward (so 3.5x for forward+backward), halved
 when causal. Times are medians of CUDA-event timings after warm-up.
+
+Backends: "ours" runs our ops with every kernel family (on Hopper the sm90
+forward and the sm80 backward), "ours-sm80" the same ops pinned to sm80 with
+TFB_KERNEL_FAMILIES (left out where it would equal "ours"); flash, cudnn and
+efficient are PyTorch's. The table prints as markdown, ready for RESULTS.md;
+notes (the kernels ours runs, backends that refused a shape) follow it.
 """
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -54,9 +61,28 @@ def make_inputs(b, h, l, e, dtype, grad):
     return one(), one(), one()
 
 
+OURS = ("ours", "ours-sm80")
+RATIO_TO = ("ours-sm80", "flash", "cudnn")
+
+
+def families(backend):
+    """The kernel families `backend` may use, held for as long as it is timed."""
+    if backend != "ours-sm80":
+        return contextlib.nullcontext()
+    from torch_flash_backend import testing
+
+    return testing.kernel_families("sm80")
+
+
+def sm90_serves_forward():
+    import torch_flash_backend as tfb
+
+    return torch.cuda.get_device_capability() == (9, 0) and any(n.startswith("sm90_fwd") for n in tfb.built_kernels())
+
+
 def runner(backend, q, k, v, causal, mode):
     """A closure running one forward (or forward+backward) with `backend`."""
-    if backend == "ours":
+    if backend in OURS:
         import torch_flash_backend as tfb
 
         def fwd():
@@ -97,7 +123,8 @@ def peak_memory_mib(backend, b, h, l, e, dtype, causal):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     else:
-        runner(backend, q, k, v, causal, "fwdbwd")()
+        with families(backend):
+            runner(backend, q, k, v, causal, "fwdbwd")()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
@@ -111,7 +138,7 @@ def main(argv=None):
     p.add_argument("--lens", default="512,1024,2048,4096,8192,16384")
     p.add_argument("--causal", default="0,1")
     p.add_argument("--modes", default="fwd,fwdbwd")
-    p.add_argument("--backends", default="ours,flash,cudnn,efficient")
+    p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--memory", action="store_true", help="also report peak memory against math and flash")
@@ -122,18 +149,31 @@ def main(argv=None):
         sys.exit("bench_sdpa.py needs a CUDA GPU")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     backends = args.backends.split(",")
+    notes = []
+    if "ours-sm80" in backends and not sm90_serves_forward():
+        backends.remove("ours-sm80")
+        notes.append("ours-sm80 left out: no sm90 forward runs here, so ours is sm80 already")
     print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}\n")
     if args.gemm:
         print(f"bf16 GEMM 8192^3: {gemm_tflops(torch.bfloat16):.0f} TFLOP/s\n")
 
-    cols = " | ".join(backends)
-    ratios = [f"ours/{b}" for b in backends if b != "ours"] if "ours" in backends else []
-    print(f"| mode | causal | E | L | B | H | {cols} | {' | '.join(ratios)} |")
-    print("|" + "---|" * (6 + len(backends) + len(ratios)))
-    for mode in args.modes.split(","):
+    modes = args.modes.split(",")
+    head_dims = [int(x) for x in args.head_dims.split(",")]
+    if "ours" in backends:
+        import torch_flash_backend as tfb
+
+        for e in head_dims:
+            q = torch.empty(1, args.hidden // e, 1024, e, device="cuda", dtype=dtype, requires_grad="fwdbwd" in modes)
+            notes.append(f"ours, E={e}: {tfb.explain(q, q, q, is_causal=True)}")
+
+    ratios = [b for b in RATIO_TO if b in backends] if "ours" in backends else []
+    cols = backends + [f"ours/{b}" for b in ratios]
+    print("| mode | causal | E | L | B | H | " + " | ".join(cols) + " |")
+    print("|" + "---|" * (6 + len(cols)))
+    for mode in modes:
         for causal in (bool(int(c)) for c in args.causal.split(",")):
-            for e in (int(x) for x in args.head_dims.split(",")):
+            for e in head_dims:
                 for l in (int(x) for x in args.lens.split(",")):
                     b, h = max(1, args.tokens // l), args.hidden // e
                     q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd")
@@ -141,23 +181,29 @@ def main(argv=None):
                     rates = {}
                     for backend in backends:
                         try:
-                            ms = time_ms(runner(backend, q, k, v, causal, mode), args.warmup, args.reps)
+                            with families(backend):
+                                ms = time_ms(runner(backend, q, k, v, causal, mode), args.warmup, args.reps)
                             rates[backend] = flops / ms / 1e9
                         except RuntimeError as err:  # a backend that does not take this shape
                             rates[backend] = math.nan
-                            print(f"<!-- {backend} {mode} E={e} L={l}: {str(err).splitlines()[0][:120]} -->")
-                    cells = " | ".join(f"{rates[x]:.0f}" for x in backends)
-                    rs = " | ".join(f"{rates['ours'] / rates[x]:.2f}" for x in backends if x != "ours") if ratios else ""
-                    print(f"| {mode} | {int(causal)} | {e} | {l} | {b} | {h} | {cells} | {rs} |", flush=True)
+                            notes.append(f"{backend} {mode} causal={int(causal)} E={e} L={l}: "
+                                         f"{str(err).splitlines()[0][:120]}")
+                    cells = [f"{rates[x]:.0f}" for x in backends] + [f"{rates['ours'] / rates[x]:.2f}" for x in ratios]
+                    print(f"| {mode} | {int(causal)} | {e} | {l} | {b} | {h} | " + " | ".join(cells) + " |", flush=True)
                     del q, k, v
+    if notes:
+        print()
+        for note in notes:
+            print(f"- {note}")
     if args.memory:
+        mem_backends = [x for x in ("ours", "ours-sm80", "flash", "math") if x in backends or x == "math"]
         print("\nPeak memory of one forward+backward (MiB beyond the inputs):\n")
-        print("| causal | E | L | B | H | ours | flash | math |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| causal | E | L | B | H | " + " | ".join(mem_backends) + " |")
+        print("|" + "---|" * (5 + len(mem_backends)))
         for l in (1024, 4096):
             e = 128
             b, h = max(1, args.tokens // l), args.hidden // e
-            row = [peak_memory_mib(x, b, h, l, e, dtype, True) for x in ("ours", "flash", "math")]
+            row = [peak_memory_mib(x, b, h, l, e, dtype, True) for x in mem_backends]
             print(f"| 1 | {e} | {l} | {b} | {h} | " + " | ".join(f"{m:.0f}" for m in row) + " |", flush=True)
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: build (or use a carried build), run the GPU
-# tests, compute-sanitizer on a small grid, the main job and the benchmark.
-# Logs go to $OUT (or ./out). Choose steps with STEPS (default: all), e.g.
+# tests, compute-sanitizer on a small grid (forward pinned to sm80, then the
+# default families), the main job and the benchmark; with scripts/compile_times.py
+# present, its report too. Logs go to $OUT (or ./out). Choose steps with STEPS
+# (default: all), e.g.
 #   STEPS=tests,bench bash scripts/gpu_check.sh
 # A build made on another machine against the same torch can be carried in
 # torch_flash_backend/lib/; without one, the script builds here (needs the
@@ -11,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-env,tests,sanitize,main,bench}
+STEPS=${STEPS:-env,compile_times,tests,sanitize,main,bench}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 status=0
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -33,6 +35,12 @@ if has env; then
   step "environment"
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
   python3 -c "import torch, torch_flash_backend as t; print('torch', torch.__version__, torch.cuda.get_device_name(), torch.cuda.get_device_capability()); print('kernels', t.built_kernels())"
+  python3 -c "import torch, torch_flash_backend as t; q = torch.empty(2, 16, 1024, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True); print('bf16 E=128 causal:', t.explain(q, q, q, is_causal=True))"
+fi
+if has compile_times && [[ -f scripts/compile_times.py ]]; then
+  step "compile times"
+  python3 scripts/compile_times.py 2>&1 | tee "$OUT/compile_times.log" | tail -40
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || echo "(compile_times.py failed; a report only, the check goes on)"
 fi
 if has tests; then
   step "tests"

@@ -1,18 +1,21 @@
-"""A small grid of forward and backward launches for compute-sanitizer.
+"""A small grid of forward and backward launches for compute-sanitizer, once with
+the forward pinned to sm80 and once with the default families (on Hopper: the
+sm90 forward), the backward being sm80's either way.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py
 """
 import torch
 
-import torch_flash_backend  # noqa: F401  (loads the op library)
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
 
 ops = torch.ops.torch_flash_backend
 
 
-def main():
+def grid(head_dims):
     torch.manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16):
-        for e in (64, 128):
+        for e in head_dims:
             for (l, s) in ((17, 17), (130, 67), (67, 200)):
                 for causal in (False, True):
                     q = torch.randn(1, 4, l, e, device="cuda", dtype=dtype)
@@ -21,7 +24,20 @@ def main():
                     out, lse = ops.fwd(q, k, v, None, causal)
                     ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
     torch.cuda.synchronize()
-    print("sanitize grid ran")
+
+
+def main():
+    built = set(tfb.built_kernels())
+    head_dims = [e for e in (64, 128) if all(f"sm80_{p}_{d}_hdim{e}" in built
+                                             for p in ("fwd", "bwd") for d in ("fp16", "bf16"))]
+    passes = [("sm80",)]
+    sm90 = any(f"sm90_fwd_{d}_hdim{e}" in built for d in ("fp16", "bf16") for e in head_dims)
+    if sm90 and torch.cuda.get_device_capability() == (9, 0):
+        passes.append(())  # the default: sm90 forwards where built
+    for families in passes:
+        with testing.kernel_families(*families):
+            grid(head_dims)
+        print(f"sanitize grid ran: head dims {head_dims}, families {', '.join(families) or 'default'}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """The sm80 backward op against float64 autograd, with PyTorch's own same-dtype
 SDPA backward as the error baseline (DESIGN.md's 2x rule).
 
-out and lse come from the float64 reference, so these tests need no forward kernel.
+test_bwd_matches_reference takes out and lse from the float64 reference, so it
+needs no forward kernel; test_grads_through_forward_and_backward runs our forward
+and then our backward through autograd, on the default families (on Hopper: the
+sm90 forward, the sm80 backward) and pinned to sm80.
 
 The baseline is the larger error of PyTorch's default SDPA backend and of its
 flash backend. The kernel computes FlashAttention-2's backward (dS rounded to
@@ -13,6 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
 
 from reference import assert_within_baseline, attention_ref, max_err
 
@@ -44,12 +50,14 @@ CASES = [
 
 
 def _built_bwd_head_dims():
-    if not torch.cuda.is_available():
-        return set()
-    import torch_flash_backend  # noqa: F401  (loads the op library)
+    return {int(n.split("hdim")[1]) for n in tfb.built_kernels() if n.startswith("sm80_bwd")}
 
-    names = torch.ops.torch_flash_backend.built_kernels()
-    return {int(n.split("hdim")[1]) for n in names if n.startswith("sm80_bwd")}
+
+@pytest.fixture(autouse=True)
+def all_families():
+    """Every family unless a test pins some, whatever TFB_KERNEL_FAMILIES says outside."""
+    with testing.kernel_families():
+        yield
 
 
 def _make(b, h, length, e, dtype, layout):
@@ -60,8 +68,33 @@ def _make(b, h, length, e, dtype, layout):
     return torch.randn(b, h, length, e, device="cuda", dtype=dtype)
 
 
+# A few of CASES run end to end: odd lengths, GQA, custom scales, every layout.
+PATH_CASES = [
+    (2, 4, 4, 128, 128, True, "blhe", None),
+    (2, 2, 2, 17, 17, True, "padded", 0.3),
+    (1, 3, 3, 127, 129, False, "blhe", None),
+    (1, 2, 2, 1000, 1000, False, "padded", 0.1),
+    (1, 8, 2, 17, 1000, True, "bhle", None),
+    (1, 4, 1, 1000, 17, True, "blhe", 0.5),
+    (1, 2, 2, 1, 129, True, "blhe", None),
+]
+
+
+def case_id(c):
+    return "b{}_h{}-{}_L{}_S{}_{}_{}_s{}".format(*c[:5], "causal" if c[5] else "full", *c[6:])
+
+
+def _dtype_name(dtype):
+    return "fp16" if dtype == torch.float16 else "bf16"
+
+
+def _default_forward_family(dtype, head_dim):
+    sm90 = f"sm90_fwd_{_dtype_name(dtype)}_hdim{head_dim}"
+    return "sm90" if torch.cuda.get_device_capability() == (9, 0) and sm90 in tfb.built_kernels() else "sm80"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_h{}-{}_L{}_S{}_{}_{}_s{}".format(*c[:5], "causal" if c[5] else "full", *c[6:]))
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bwd_matches_reference(dtype, head_dim, case):
@@ -82,15 +115,18 @@ def test_bwd_matches_reference(dtype, head_dim, case):
     lse = lse64.detach().float().contiguous()
     ours = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal)
 
+    _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale)
+
+
+def _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale, what=""):
     baselines = [_sdpa_grads(q, k, v, dout, causal, scale, None)]
     flash = _sdpa_grads(q, k, v, dout, causal, scale, SDPBackend.FLASH_ATTENTION)
     if flash is not None:
         baselines.append(flash)
-
     for i, (name, o, r) in enumerate(zip(("dq", "dk", "dv"), ours, ref)):
-        assert o.dtype == dtype and o.shape == r.shape
+        assert o.dtype == q.dtype and o.shape == r.shape
         worst = max((b[i] for b in baselines), key=lambda b: max_err(b, r))
-        assert_within_baseline(name, o, worst, r, floor=1e-4)
+        assert_within_baseline(f"{what}{name}", o, worst, r, floor=1e-4)
 
 
 def _sdpa_grads(q, k, v, dout, causal, scale, backend):
@@ -119,3 +155,61 @@ def test_bwd_outputs_are_blhe_views():
     dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out.to(q.dtype), lse.float(), None, False)
     for t in (dq, dk, dv):
         assert t.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("families", [(), ("sm80",)], ids=["default", "sm80"])
+@pytest.mark.parametrize("case", PATH_CASES, ids=case_id)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grads_through_forward_and_backward(dtype, head_dim, case, families):
+    dn = _dtype_name(dtype)
+    for name in (f"sm80_fwd_{dn}_hdim{head_dim}", f"sm80_bwd_{dn}_hdim{head_dim}"):
+        if name not in tfb.built_kernels():
+            pytest.skip(f"{name} not built")
+    forward_family = families[0] if families else _default_forward_family(dtype, head_dim)
+    if not families and forward_family == "sm80":
+        pytest.skip("the default forward here is sm80, which the [sm80] run covers")
+    b, hq, hkv, L, S, causal, layout, scale = case
+    torch.manual_seed(hash((head_dim, L, S, hq, causal, 1)) % 2**31)
+    q = _make(b, hq, L, head_dim, dtype, layout).requires_grad_()
+    k = _make(b, hkv, S, head_dim, dtype, layout).requires_grad_()
+    v = _make(b, hkv, S, head_dim, dtype, layout).requires_grad_()
+    dout = _make(b, hq, L, head_dim, dtype, layout)
+
+    with testing.kernel_families(*families):
+        if L >= 17:  # shorter queries fall back under enable(); flash_attn serves them anyway
+            decision = tfb.explain(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+            expected = (f"{forward_family}_fwd_{dn}_hdim{head_dim}", f"sm80_bwd_{dn}_hdim{head_dim}")
+            assert (decision.kernel, decision.backward_kernel) == expected, str(decision)
+        out = tfb.flash_attn(q, k, v, is_causal=causal, scale=scale)
+        ours = torch.autograd.grad(out, (q, k, v), dout)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, _ = attention_ref(q64, k64, v64, scale, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    with torch.no_grad():
+        baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+    what = f"{forward_family} forward, sm80 backward: "
+    assert_within_baseline(f"{what}out", out.detach(), baseline, out64.detach())
+    _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale, what)
+
+
+@pytest.mark.gpu
+def test_default_path_on_hopper_is_sm90_forward_sm80_backward():
+    if _default_forward_family(torch.bfloat16, 128) != "sm90" or 128 not in _built_bwd_head_dims():
+        pytest.skip("needs compute capability 9.0 with sm90_fwd_bf16_hdim128 and sm80_bwd_bf16_hdim128 built")
+    q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    decision = tfb.explain(q, k, v, is_causal=True)
+    assert str(decision) == ("served by sm90_fwd_bf16_hdim128 (bf16, head dim 128, causal, "
+                             "backward by sm80_bwd_bf16_hdim128)")
+
+    def step():
+        with tfb.enable(strict=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    assert testing.launched_families(step) == {"sm90", "sm80"}
+    with testing.kernel_families("sm80"):
+        assert testing.launched_families(step) == {"sm80"}

@@ -1,34 +1,57 @@
-"""The sm80 forward kernel against the float64 reference.
+"""The forward kernels of every family the GPU runs against the float64 reference.
 
-The output's error must stay within 2x the error of PyTorch's own SDPA in the
-same dtype (plus a 1e-5 floor); lse is float32 throughout, so it gets a fixed
-tolerance. Head dims left out of the build are skipped.
+Each test runs once per family (sm80 everywhere, sm90 on compute capability 9.0
+when built), pinned with testing.kernel_families, so one grid covers both. The
+output's error must stay within 2x the error of PyTorch's own SDPA in the same
+dtype (plus a 1e-5 floor); lse is float32 throughout, so it gets a fixed
+tolerance. Kernels left out of the build are skipped.
 """
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
+
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
 
 from reference import assert_within_baseline, attention_ref, max_err
 
 pytestmark = pytest.mark.gpu
 
+FAMILIES = ("sm80", "sm90")
 HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 LENGTHS = (1, 17, 127, 128, 129, 1000)
 LSE_TOL = 1e-3
 
 
-def fwd(q, k, v, scale=None, is_causal=False):
-    import torch_flash_backend  # noqa: F401  (loads the op library)
+@pytest.fixture(autouse=True)
+def all_families():
+    """Every family unless a test pins some, whatever TFB_KERNEL_FAMILIES says outside."""
+    with testing.kernel_families():
+        yield
 
+
+@pytest.fixture(params=FAMILIES)
+def family(request):
+    with testing.kernel_families(request.param):
+        yield request.param
+
+
+def fwd(q, k, v, scale=None, is_causal=False):
     return torch.ops.torch_flash_backend.fwd(q, k, v, scale, is_causal)
 
 
-def require_kernel(dtype, head_dim):
-    import torch_flash_backend  # noqa: F401
+def kernel_name(family, dtype, head_dim):
+    return f"{family}_fwd_{'fp16' if dtype == torch.float16 else 'bf16'}_hdim{head_dim}"
 
-    name = f"sm80_fwd_{'fp16' if dtype == torch.float16 else 'bf16'}_hdim{head_dim}"
-    if name not in torch.ops.torch_flash_backend.built_kernels():
+
+def require_kernel(family, dtype, head_dim):
+    if family == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm90 kernels run on compute capability 9.0 only")
+    name = kernel_name(family, dtype, head_dim)
+    if name not in tfb.built_kernels():
         pytest.skip(f"{name} not built")
 
 
@@ -39,28 +62,32 @@ def randn(batch, heads, length, head_dim, dtype, layout):
     return torch.randn(batch, length, heads, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
 
 
+def check_out(name, q, k, v, out, lse, scale=None, causal=False):
+    ref_out, ref_lse = attention_ref(q, k, v, scale, causal)
+    baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    assert_within_baseline(name, out, baseline, ref_out)
+    assert lse.shape == ref_lse.shape
+    assert max_err(lse, ref_lse) <= LSE_TOL, f"{name}: lse error {max_err(lse, ref_lse):.3e}"
+
+
 def check(batch, heads_q, heads_kv, len_q, len_k, head_dim, dtype, causal, layout, scale=None):
     q = randn(batch, heads_q, len_q, head_dim, dtype, layout)
     k = randn(batch, heads_kv, len_k, head_dim, dtype, layout)
     v = randn(batch, heads_kv, len_k, head_dim, dtype, layout)
     out, lse = fwd(q, k, v, scale, causal)
     torch.cuda.synchronize()
-    ref_out, ref_lse = attention_ref(q, k, v, scale, causal)
-    baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                              enable_gqa=heads_q != heads_kv)
     name = f"B={batch} H={heads_q}/{heads_kv} L={len_q} S={len_k} E={head_dim} {dtype} causal={causal} {layout}"
-    assert out.dtype == dtype and lse.dtype == torch.float32
-    assert_within_baseline(name, out, baseline, ref_out)
-    assert lse.shape == ref_lse.shape
-    assert max_err(lse, ref_lse) <= LSE_TOL, f"{name}: lse error {max_err(lse, ref_lse):.3e}"
+    check_out(name, q, k, v, out, lse, scale, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_lengths(head_dim, dtype, causal):
+def test_lengths(family, head_dim, dtype, causal):
     """Every pair of odd and tile-edge lengths, L < S, L == S and L > S."""
-    require_kernel(dtype, head_dim)
+    require_kernel(family, dtype, head_dim)
     torch.manual_seed(head_dim)
     for len_q in LENGTHS:
         for len_k in LENGTHS:
@@ -71,8 +98,8 @@ def test_lengths(head_dim, dtype, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_gqa_layouts_scale(head_dim, dtype, causal):
-    require_kernel(dtype, head_dim)
+def test_gqa_layouts_scale(family, head_dim, dtype, causal):
+    require_kernel(family, dtype, head_dim)
     torch.manual_seed(1 + head_dim)
     check(2, 8, 2, 300, 257, head_dim, dtype, causal, "blhe")
     check(2, 4, 1, 129, 1000, head_dim, dtype, causal, "bhle")
@@ -81,9 +108,9 @@ def test_gqa_layouts_scale(head_dim, dtype, causal):
 
 
 @pytest.mark.parametrize("head_dim", (64, 128))
-def test_padded_row_strides(head_dim):
+def test_padded_row_strides(family, head_dim):
     """Rows further apart than E (a slice of a wider buffer), heads and batch strided apart."""
-    require_kernel(torch.bfloat16, head_dim)
+    require_kernel(family, torch.bfloat16, head_dim)
     torch.manual_seed(2)
     wide = torch.randn(3, 2, 5, 150, 2 * head_dim + 8, device="cuda", dtype=torch.bfloat16)
     q = wide[:, 0, :4, :, :head_dim]
@@ -91,15 +118,29 @@ def test_padded_row_strides(head_dim):
     v = wide[:, 1, 3:5, :, head_dim:2 * head_dim]
     for causal in (False, True):
         out, lse = fwd(q, k, v, None, causal)
-        ref_out, ref_lse = attention_ref(q, k, v, None, causal)
-        baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        assert_within_baseline(f"strided causal={causal}", out, baseline, ref_out)
-        assert max_err(lse, ref_lse) <= LSE_TOL
+        check_out(f"strided causal={causal}", q, k, v, out, lse, None, causal)
 
 
-def test_output_layout_and_no_stray_writes():
+def test_size_one_dims_with_any_stride(family):
+    """A dim of size 1 is never stepped along, so its stride need not be a multiple of 8."""
+    require_kernel(family, torch.float16, 64)
+    torch.manual_seed(5)
+    flat = torch.randn(4 * 77 * 64 + 64, device="cuda", dtype=torch.float16)
+    q = flat.as_strided((1, 4, 77, 64), (3, 77 * 64, 64, 1))
+    k = flat.as_strided((1, 1, 50, 64), (5, 7, 64, 1), 64)
+    v = flat.as_strided((1, 1, 50, 64), (1, 1, 64, 1), 128)
+    one_row = flat.as_strided((2, 4, 1, 64), (256, 64, 3, 1))
+    k2, v2 = (torch.randn(2, 1, 50, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    for causal in (False, True):
+        out, lse = fwd(q, k, v, None, causal)
+        check_out(f"size-1 dims causal={causal}", q, k, v, out, lse, None, causal)
+        out, lse = fwd(one_row, k2, v2, None, causal)
+        check_out(f"one query row causal={causal}", one_row, k2, v2, out, lse, None, causal)
+
+
+def test_output_layout_and_no_stray_writes(family):
     """out is a (B, L, H, E) buffer seen as (B, H, L, E); repeated calls agree bit for bit."""
-    require_kernel(torch.float16, 64)
+    require_kernel(family, torch.float16, 64)
     torch.manual_seed(3)
     q, k, v = (torch.randn(2, 3, 77, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     out1, lse1 = fwd(q, k, v, None, True)
@@ -108,13 +149,85 @@ def test_output_layout_and_no_stray_writes():
     assert torch.equal(out1, out2) and torch.equal(lse1, lse2)
 
 
-def test_batch_beyond_grid_limit():
-    """More batches than a grid dimension holds (65535) are launched in slices."""
-    require_kernel(torch.bfloat16, 64)
+def test_batch_beyond_grid_limit(family):
+    """More batches than a grid dimension holds (65535)."""
+    require_kernel(family, torch.bfloat16, 64)
     torch.manual_seed(4)
     q, k, v = (torch.randn(65537, 2, 3, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = fwd(q, k, v, None, False)
-    ref_out, ref_lse = attention_ref(q, k, v)
-    baseline = F.scaled_dot_product_attention(q, k, v)
-    assert_within_baseline("batch 65537", out, baseline, ref_out)
-    assert max_err(lse, ref_lse) <= LSE_TOL
+    check_out("batch 65537", q, k, v, out, lse)
+
+
+def test_family_runs_its_own_kernels(family):
+    """kernel_families reaches the C++ op: the launched kernels are the pinned family's."""
+    require_kernel(family, torch.bfloat16, 128)
+    q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    launched = testing.launched_families(lambda: fwd(q, k, v, None, True))
+    assert family in launched, f"pinned {family}, launched {launched}"
+    if family == "sm80":
+        assert "sm90" not in launched, f"pinned sm80, launched {launched}"
+
+
+def test_default_forward_is_sm90_on_hopper():
+    require_kernel("sm90", torch.bfloat16, 128)
+    q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    decision = tfb.explain(q, k, v, is_causal=True)
+    assert decision.kernel == "sm90_fwd_bf16_hdim128", str(decision)
+    assert str(decision).startswith("served by sm90_fwd_bf16_hdim128 (")
+    with tfb.enable(strict=True):
+        launched = testing.launched_families(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert "sm90" in launched, f"explain says sm90, launched {launched}"
+
+
+def _misaligned_inputs():
+    """(what, offending argument, q, k, v): views the kernels cannot read with 16-byte vectors."""
+    e = 64
+    rows68 = torch.randn(2, 4, 130, e + 4, device="cuda", dtype=torch.bfloat16)[..., :e]
+    flat = torch.randn(2 * 4 * 130 * e + 4, device="cuda", dtype=torch.bfloat16)
+    shifted = flat[4:].view(2, 4, 130, e)  # starts 8 bytes past an aligned address
+    odd_rows = torch.randn(2, 130, 4 * e + 2, device="cuda", dtype=torch.bfloat16)[..., :4 * e]
+    odd_rows = odd_rows.view(2, 130, 4, e).transpose(1, 2)  # a (B, L, H, E) buffer with rows 4E + 2 apart
+    aligned = torch.randn(2, 4, 130, e, device="cuda", dtype=torch.bfloat16)
+    return [("row stride 68", "q", rows68, aligned, aligned),
+            ("storage offset 4", "k", aligned, shifted, aligned),
+            ("(B, L, H, E) rows 258 apart", "v", aligned, aligned, odd_rows)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_misaligned_views_give_right_answers(causal):
+    """Under enable() (default families) misaligned views are served or fall back to
+    PyTorch, and either way the answer is right; the op itself answers right or
+    raises an error naming the argument."""
+    if "sm80_fwd_bf16_hdim64" not in tfb.built_kernels():
+        pytest.skip("sm80_fwd_bf16_hdim64 not built")
+    torch.manual_seed(6)
+    for what, arg, q, k, v in _misaligned_inputs():
+        decision = tfb.explain(q, k, v, is_causal=causal)
+        with tfb.enable():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        ref_out, _ = attention_ref(q, k, v, None, causal)
+        baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert_within_baseline(f"{what} ({decision})", out, baseline, ref_out)
+        try:
+            out, lse = fwd(q, k, v, None, causal)
+        except RuntimeError as err:
+            assert re.search(rf"\b{arg}\b", str(err)), f"{what}: the error does not name {arg}: {err}"
+        else:
+            check_out(f"{what}, op called directly", q, k, v, out, lse, None, causal)
+
+
+def test_broadcast_kv_default_families():
+    """K/V shared by every batch through expand() (batch stride 0), under enable()."""
+    if "sm80_fwd_bf16_hdim128" not in tfb.built_kernels():
+        pytest.skip("sm80_fwd_bf16_hdim128 not built")
+    torch.manual_seed(7)
+    q = torch.randn(3, 4, 200, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 4, 300, 128, device="cuda", dtype=torch.bfloat16).expand(3, -1, -1, -1)
+            for _ in range(2))
+    for causal in (False, True):
+        decision = tfb.explain(q, k, v, is_causal=causal)
+        with tfb.enable():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        ref_out, _ = attention_ref(q, k, v, None, causal)
+        baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert_within_baseline(f"broadcast K/V causal={causal} ({decision})", out, baseline, ref_out)

@@ -1,5 +1,7 @@
 """Router decisions, one test per reason, on CUDA FakeTensors (metadata only, no GPU)
 with the device capability and the built kernels injected."""
+import os
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -8,10 +10,20 @@ import torch_flash_backend as tfb
 from torch_flash_backend import _router, testing
 
 
+@pytest.fixture(autouse=True)
+def all_families(monkeypatch):
+    monkeypatch.delenv(_router.FAMILIES_ENV, raising=False)
+
+
 @pytest.fixture
 def fake():
     with FakeTensorMode(), testing.pretend_cuda(capability=(8, 0)):
         yield
+
+
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+SM80 = [f"sm80_{p}_{d}_hdim{e}" for p in ("fwd", "bwd") for d in ("fp16", "bf16") for e in HEAD_DIMS]
+SM90_FWD = [f"sm90_fwd_{d}_hdim{e}" for d in ("fp16", "bf16") for e in HEAD_DIMS if e != 32]
 
 
 def qkv(b=2, hq=4, hkv=4, length=64, s=64, e=64, dtype=torch.bfloat16, device="cuda", requires_grad=False):
@@ -80,16 +92,6 @@ def test_capability(fake):
 def test_no_cuda_kernels_built(fake):
     with testing.pretend_cuda(kernels=[]):
         assert "no CUDA kernels were built" in reason(*qkv())
-
-
-def test_sm90_preferred_on_hopper(fake):
-    names = ["sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64", "sm90_fwd_bf16_hdim64"]
-    with testing.pretend_cuda(capability=(9, 0), kernels=names):
-        assert tfb.explain(*qkv()).kernel == "sm90_fwd_bf16_hdim64"
-        # sm90 has no backward here: a call that needs grad takes sm80's pair.
-        assert tfb.explain(*qkv(requires_grad=True)).kernel == "sm80_fwd_bf16_hdim64"
-    with testing.pretend_cuda(capability=(12, 0), kernels=names):
-        assert tfb.explain(*qkv()).kernel == "sm80_fwd_bf16_hdim64"
 
 
 def test_dtype(fake):
@@ -186,3 +188,107 @@ def test_backward_needs_shared_memory(fake):
     with testing.pretend_cuda(capability=(8, 9), smem_per_block=99 * 1024):
         assert tfb.explain(*qkv()).served
         assert "shared memory" in reason(*qkv(requires_grad=True))
+
+
+def test_hopper_forward_sm90_backward_sm80(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD):
+        d = tfb.explain(*qkv(e=128))
+        assert d.served and d.kernel == "sm90_fwd_bf16_hdim128" and d.backward_kernel is None, str(d)
+        assert "backward" not in str(d)
+        d = tfb.explain(*qkv(hq=8, hkv=2, e=128, requires_grad=True), is_causal=True, enable_gqa=True)
+        assert d.kernel == "sm90_fwd_bf16_hdim128" and d.backward_kernel == "sm80_bwd_bf16_hdim128", str(d)
+        assert str(d) == "served by sm90_fwd_bf16_hdim128 (bf16, head dim 128, causal, GQA 8:2, " \
+                         "backward by sm80_bwd_bf16_hdim128)"
+        with torch.no_grad():
+            assert tfb.explain(*qkv(e=128, requires_grad=True)).backward_kernel is None
+        # sm90 has no head dim 32: sm80 serves both directions.
+        d = tfb.explain(*qkv(e=32, dtype=torch.float16, requires_grad=True))
+        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_fp16_hdim32", "sm80_bwd_fp16_hdim32"), str(d)
+
+
+def test_hopper_without_sm90_kernels(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80):
+        assert tfb.explain(*qkv()).kernel == "sm80_fwd_bf16_hdim64"
+        d = tfb.explain(*qkv(requires_grad=True))
+        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+    # Only a few sm90 forwards built: the rest are sm80's.
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + ["sm90_fwd_bf16_hdim128"]):
+        assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
+        assert tfb.explain(*qkv(e=128, dtype=torch.float16)).kernel == "sm80_fwd_fp16_hdim128"
+        assert tfb.explain(*qkv(e=64)).kernel == "sm80_fwd_bf16_hdim64"
+
+
+def test_hopper_sm90_forward_without_any_backward(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM90_FWD):
+        assert tfb.explain(*qkv()).kernel == "sm90_fwd_bf16_hdim64"
+        assert "no backward kernel was built for bf16 head dim 64" in reason(*qkv(requires_grad=True))
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)])
+def test_sm90_only_on_hopper(fake, capability):
+    # sm_90a code runs on compute capability 9.0 alone, whatever else was built.
+    with testing.pretend_cuda(capability=capability, kernels=SM80 + SM90_FWD):
+        for grad in (False, True):
+            d = tfb.explain(*qkv(e=128, requires_grad=grad))
+            assert d.kernel == "sm80_fwd_bf16_hdim128", str(d)
+    with testing.pretend_cuda(capability=capability, kernels=SM90_FWD):
+        assert "no forward kernel was built for bf16 head dim 128" in reason(*qkv(e=128))
+
+
+def test_kernel_families_pins_sm80(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD):
+        with testing.kernel_families("sm80"):
+            d = tfb.explain(*qkv(e=128, requires_grad=True))
+            assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(d)
+            with testing.kernel_families():  # no names: every family again
+                assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
+            assert tfb.explain(*qkv(e=128)).kernel == "sm80_fwd_bf16_hdim128"
+        with testing.kernel_families("sm80", "sm90"):
+            assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
+        assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
+
+
+def test_kernel_families_pins_sm90(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD), testing.kernel_families("sm90"):
+        assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
+        # sm90 has no backward, and sm80 is not allowed to serve one.
+        assert reason(*qkv(e=128, requires_grad=True)) == (
+            "inputs require grad but no backward kernel was built for bf16 head dim 128 "
+            "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
+        assert reason(*qkv(e=32)) == ("no forward kernel was built for bf16 head dim 32 "
+                                      "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
+    with testing.pretend_cuda(capability=(8, 0)), testing.kernel_families("sm90"):
+        assert "TFB_KERNEL_FAMILIES='sm90' allows none of the kernel families for compute capability 8.0" \
+            in reason(*qkv())
+
+
+def test_kernel_families_environment(fake, monkeypatch):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD):
+        monkeypatch.setenv(_router.FAMILIES_ENV, " sm80 ,")
+        assert tfb.explain(*qkv()).kernel == "sm80_fwd_bf16_hdim64"
+        monkeypatch.setenv(_router.FAMILIES_ENV, "")
+        assert tfb.explain(*qkv()).kernel == "sm90_fwd_bf16_hdim64"
+        monkeypatch.setenv(_router.FAMILIES_ENV, "sm100")
+        assert "allows none of the kernel families" in reason(*qkv())
+
+
+def test_kernel_families_restores_environment(monkeypatch):
+    env = _router.FAMILIES_ENV
+    with testing.kernel_families("sm80"):
+        assert os.environ[env] == "sm80"
+        with testing.kernel_families("sm90", "sm80"):
+            assert os.environ[env] == "sm90,sm80"
+        assert os.environ[env] == "sm80"
+    assert env not in os.environ
+    monkeypatch.setenv(env, "sm90")
+    with pytest.raises(KeyError), testing.kernel_families("sm80"):
+        raise KeyError("the previous value comes back on errors too")
+    assert os.environ[env] == "sm90"
+    with pytest.raises(ValueError, match="unknown kernel families"):
+        with testing.kernel_families("sm8O"):
+            pass
+
+
+@testing.kernel_families("sm80")
+def test_kernel_families_as_decorator():
+    assert _router.allowed_families() == {"sm80"}

@@ -3,9 +3,14 @@
 decide() runs on every SDPA call under enable(), so it reads metadata only
 (shapes, strides, storage offsets: FakeTensors have no data) and caches the
 device capability. Each fallback carries a reason a user can act on.
+
+The forward and the backward kernel are chosen apart: on Hopper the sm90 family
+serves the forward and sm80 the backward (sm90 has none); both read and write
+the same (out, lse), so any forward pairs with any backward.
 """
 import dataclasses
 import functools
+import os
 import threading
 
 import torch
@@ -24,9 +29,13 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
+    """kernel: the forward kernel; backward_kernel: the one autograd will run,
+    when the call needs grad."""
+
     served: bool
     kernel: str | None
     reason: str
+    backward_kernel: str | None = None
 
     def __str__(self) -> str:
         if self.served:
@@ -76,14 +85,34 @@ class _Probe:
 probe = _Probe()
 
 
+# Comma-separated family names the CUDA ops and the router may use, e.g. "sm80";
+# unset or empty: every family. The C++ ops read the same variable, so that a
+# benchmark or test can pin a family without rebuilding.
+FAMILIES_ENV = "TFB_KERNEL_FAMILIES"
+FAMILIES = ("sm90", "sm80")  # in order of preference where both run
+
+
+@functools.cache
+def _parse_families(value: str) -> frozenset[str] | None:
+    names = frozenset(name.strip() for name in value.split(",") if name.strip())
+    return names or None
+
+
+def allowed_families() -> frozenset[str] | None:
+    """The families TFB_KERNEL_FAMILIES allows; None when it allows all."""
+    return _parse_families(os.environ.get(FAMILIES_ENV, ""))
+
+
 def _families(capability: tuple[int, int]) -> tuple[str, ...]:
-    # sm90 kernels use wgmma/TMA, which exist on Hopper only; sm80 kernels run on
-    # every chip since Ampere.
-    return ("sm90", "sm80") if capability[0] == 9 else ("sm80",)
+    # sm90 kernels are sm_90a code (wgmma/TMA), which runs on compute capability
+    # 9.0 only; sm80 kernels run on every chip since Ampere.
+    return FAMILIES if tuple(capability) == (9, 0) else ("sm80",)
 
 
 def _misaligned(name: str, t: torch.Tensor, vec: int) -> str | None:
-    """vec: elements per 16-byte vector, the unit the kernels load and store."""
+    """vec: elements per 16-byte vector, the unit the kernels load and store.
+    The sm90 forward's TMA descriptors ask the same (16-byte aligned rows and
+    strides), so one rule serves both families."""
     shape, stride = t.shape, t.stride()
     if stride[3] != 1 and shape[3] > 1:
         return f"{name} is not contiguous in its last dim (strides {tuple(stride)})"
@@ -149,9 +178,12 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     detail = f"{dtype_name}, head dim {e}" + (", causal" if is_causal else "") + (
-        f", GQA {hq}:{hkv}" if hq != hkv else "") + (", with backward" if needs_grad else "")
+        f", GQA {hq}:{hkv}" if hq != hkv else "")
     if on_cpu:
-        return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", detail)
+        if not needs_grad:
+            return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", detail)
+        bwd = f"cpu_bwd_{dtype_name}_hdim{e}"
+        return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", f"{detail}, backward by {bwd}", backward_kernel=bwd)
     return _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail)
 
 
@@ -165,20 +197,26 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     kernels = probe.kernels()
     if not kernels:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
+    allowed = allowed_families()
+    families = [f for f in _families(capability) if allowed is None or f in allowed]
+    if not families:
+        return _fallback(f"{FAMILIES_ENV}={os.environ.get(FAMILIES_ENV)!r} allows none of the kernel families for "
+                         f"compute capability {capability[0]}.{capability[1]} ({', '.join(_families(capability))})")
+    only = "" if allowed is None else f" (families allowed by {FAMILIES_ENV}: {', '.join(families)})"
     suffix = f"_{dtype_name}_hdim{e}"
-    missing_bwd = None
-    for family in _families(capability):
-        fwd = f"{family}_fwd{suffix}"
-        if fwd not in kernels:
-            continue
-        if needs_grad and f"{family}_bwd{suffix}" not in kernels:
-            missing_bwd = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}"
-            continue
-        if needs_grad and family == "sm80" and probe.smem_per_block(device) < SM80_BWD_SMEM_BYTES:
-            missing_bwd = (f"inputs require grad and the sm80 backward needs {SM80_BWD_SMEM_BYTES // 1024} KB of "
-                           f"shared memory a block; {device} offers {probe.smem_per_block(device) // 1024} KB")
-            continue
+    fwd = next((f"{f}_fwd{suffix}" for f in families if f"{f}_fwd{suffix}" in kernels), None)
+    if fwd is None:
+        return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}{only}")
+    if not needs_grad:
         return Decision(True, fwd, detail)
-    if missing_bwd is not None:
-        return _fallback(missing_bwd)
-    return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}")
+    why_not = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}{only}"
+    for family in families:
+        bwd = f"{family}_bwd{suffix}"
+        if bwd not in kernels:
+            continue
+        if family == "sm80" and probe.smem_per_block(device) < SM80_BWD_SMEM_BYTES:
+            why_not = (f"inputs require grad and the sm80 backward needs {SM80_BWD_SMEM_BYTES // 1024} KB of "
+                       f"shared memory a block; {device} offers {probe.smem_per_block(device) // 1024} KB")
+            continue
+        return Decision(True, fwd, f"{detail}, backward by {bwd}", backward_kernel=bwd)
+    return _fallback(why_not)

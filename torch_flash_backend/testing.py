@@ -1,8 +1,12 @@
-"""Switches for tests: route CPU calls, and pretend to be a given CUDA device.
+"""Switches for tests: route CPU calls, pretend to be a given CUDA device, pin
+the kernel family; and which families a call launched.
 
 Not for production use: on CPU, PyTorch's own SDPA is the right choice.
 """
 import contextlib
+import os
+
+import torch
 
 from . import _router
 
@@ -36,3 +40,51 @@ def pretend_cuda(capability=(8, 0), kernels=None, smem_per_block=227 * 1024):
         yield
     finally:
         probe.capability, probe.kernels, probe.smem_per_block = saved
+
+
+@contextlib.contextmanager
+def kernel_families(*names):
+    """Lets the CUDA ops and the router use only these kernel families, e.g.
+    kernel_families("sm80") runs the forward with sm80 on Hopper too; no names:
+    every family. Sets TFB_KERNEL_FAMILIES for its duration and restores the
+    previous value on exit, so it is process-wide and not thread-safe.
+
+    Also a decorator (``@kernel_families("sm80")`` on a test function), and a
+    pytest fixture body::
+
+        @pytest.fixture(params=["sm80", "sm90"])
+        def family(request):
+            with kernel_families(request.param):
+                yield request.param
+    """
+    unknown = [n for n in names if n not in _router.FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown kernel families {unknown}; known: {', '.join(_router.FAMILIES)}")
+    env = _router.FAMILIES_ENV
+    previous = os.environ.get(env)
+    os.environ[env] = ",".join(names)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = previous
+
+
+def launched_families(fn) -> set[str]:
+    """The kernel families ("sm80", "sm90") whose CUDA kernels fn() launches, read
+    off the kernel names the profiler records: each family's kernels live in the
+    C++ namespace tfb::<family>."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    kernels = {e.name for e in events if e.device_type == DeviceType.CUDA} | {k.name for e in events for k in e.kernels}
+    if not kernels:
+        raise RuntimeError("the profiler recorded no CUDA kernels (is CUPTI available?)")
+    # Demangled names read "tfb::sm90::..."; mangled ones hold "3tfb4sm90".
+    return {f for f in _router.FAMILIES for n in kernels if f"tfb::{f}::" in n or f"3tfb4{f}" in n}
