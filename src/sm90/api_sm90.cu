@@ -15,6 +15,7 @@ namespace {
 template <typename Fn>
 bool visit_head_dim(int head_dim, Fn&& fn) {
   switch (head_dim) {
+#ifdef TFB_WITH_SM90  // the family can be left out of a build (TFB_BUILD_SM90=0)
 #ifdef TFB_WITH_HDIM64
     case 64: fn(std::integral_constant<int, 64>{}); return true;
 #endif
@@ -29,6 +30,7 @@ bool visit_head_dim(int head_dim, Fn&& fn) {
 #endif
 #ifdef TFB_WITH_HDIM256
     case 256: fn(std::integral_constant<int, 256>{}); return true;
+#endif
 #endif
     default: return false;
   }
@@ -46,7 +48,8 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 // TMA strides are in bytes and must be multiples of 16 (8 two-byte elements).
 // A dim of size 1 is never stepped along: the launcher replaces its stride.
-bool stride_ok(int64_t stride, int size) { return size <= 1 || stride % 8 == 0; }
+// Stride 0 (a broadcast made with expand) is left to sm80.
+bool stride_ok(int64_t stride, int size) { return size <= 1 || (stride > 0 && stride % 8 == 0); }
 
 bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row, int heads, int rows) {
   return stride_ok(batch, p.batch) && stride_ok(head, heads) && stride_ok(row, rows);
