@@ -1,5 +1,5 @@
 // The forward's epilogue: normalised O goes registers -> shared memory
-// (stmatrix, into Q's buffer, which no GEMM reads any more) -> global memory
+// (stmatrix; O's own buffer, or Q's when only that fits) -> global memory
 // with one TMA store, which also drops the rows past the sequence end. The
 // logsumexp goes straight from registers to global memory.
 #pragma once
@@ -32,9 +32,11 @@ struct FwdEpilogue {
     typename Traits::MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
 
-    // Every consumer's last Q K^T has read Q's buffer before O overwrites it.
+    // O's buffer is free once every consumer's last Q K^T has read it (when
+    // it is Q's) or the previous tile's store has (when it is O's own).
+    if (Traits::kSeparateO && thread_idx == 0) tma_store_wait<0>();
     named_barrier_sync(int(Barrier::kEpilogue), Traits::kConsumerThreads);
-    Tensor sO = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sO = make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutQ{});
     Tensor o_regs = convert_fragment<Element>(acc_o);
     auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
     auto thr_store = store_o.get_thread_slice(thread_idx);
@@ -51,9 +53,11 @@ struct FwdEpilogue {
       auto thr_tma = p.tma_o.get_slice(0);
       copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
       tma_store_arrive();
-      // The next tile's Q may land in this buffer once the store has read it.
-      tma_store_wait<0>();
-      shared.q_free.arrive();
+      if constexpr (!Traits::kSeparateO) {
+        // The next tile's Q may land in this buffer once the store has read it.
+        tma_store_wait<0>();
+        shared.q_free.arrive();
+      }
     }
 
     // The lane of each quad that holds column 0 writes its rows' logsumexp.

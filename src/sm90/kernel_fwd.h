@@ -45,7 +45,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
     cute::prefetch_tma_descriptor(p.mainloop.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.epilogue.tma_o.get_tma_descriptor());
     shared.q_full.init(1);
-    shared.q_free.init(1);
+    // Separate O: each consumer warpgroup frees Q after its last Q K^T.
+    // Otherwise the thread that stores O frees it.
+    shared.q_free.init(Traits::kSeparateO ? Traits::kConsumerWarpgroups : 1);
   }
 
   typename Pipeline::Params pipeline_params;
@@ -83,6 +85,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
       auto lse = softmax.finalize_rows(o, p.scale);
       Epilogue::store(p.epilogue, shared, acc_o, lse, tile, thread_idx);
     }
+    // The last O store reads shared memory until it completes.
+    if (thread_idx == 0) tma_store_wait<0>();
     // Consume the turn the last consumer handed out at start, so no arrival is left
     // pending on the barrier when the CTA exits.
     if constexpr (Traits::kConsumerWarpgroups > 1) {

@@ -70,20 +70,34 @@ struct FwdTraits {
                                   Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // O gets its own buffer when it fits: then the next tile's Q can land as
+  // soon as the last Q K^T of this one is done, while P V and the epilogue
+  // still run. Otherwise O is staged in Q's buffer and the next Q waits for
+  // the store.
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kTileBytes = int(sizeof(Element)) * (kBlockM + 2 * kStages * kBlockN) * kHeadDim;
+  static constexpr bool kSeparateO = kTileBytes + int(kQBytes) + 1024 <= kSmemLimit;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
-    cutlass::arch::ClusterTransactionBarrier q_full;   // Q landed
-    cutlass::arch::ClusterBarrier q_free;              // O of the previous tile left Q's buffer
+    cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed
+    cutlass::arch::ClusterBarrier q_free;             // no one reads Q's buffer any more
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= 227 * 1024, "tile does not fit in an H100's shared memory");
+  static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in an H100's shared memory");
+
+  CUTE_DEVICE static Element* o_buffer(SharedStorage& shared) {
+    return kSeparateO ? shared.o.data() : shared.q.data();
+  }
 
   // Global tensors as the TMA descriptors see them: (row, dim, head, batch).
   using GmemShape = Shape<int, int, int, int>;

@@ -79,8 +79,8 @@ struct FwdMainloop {
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
       const int n_end = mask.n_block_end(tile.m_block);
-      // The first K tile does not depend on the previous tile's epilogue; Q
-      // waits for it because O is staged in Q's buffer.
+      // The first K tile goes first: it waits for nothing, while Q waits
+      // until the previous tile is done with Q's buffer.
       pipeline_k.producer_acquire(write);
       copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_end - 1), tKsK(_, write.index()));
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
@@ -137,6 +137,13 @@ struct FwdMainloop {
         named_barrier_arrive(int(Barrier::kWarpgroupTurn) + next_warpgroup, kTurnThreads);
       }
     };
+    // With a separate O buffer, Q's buffer is free after this warpgroup's
+    // last Q K^T (key tile 0): the producer may load the next tile's Q.
+    auto release_q = [&](int n_block) {
+      if constexpr (Traits::kSeparateO) {
+        if (n_block == 0 && thread_idx % 128 == 0) shared.q_free.arrive();
+      }
+    };
     auto mask_scores = [&](auto& acc_s, int n_block) {
       if (flip) sm80::negate_scores(acc_s);
       if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
@@ -155,6 +162,7 @@ struct FwdMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(read);
+    release_q(n_end - 1);
     mask_scores(acc_s, n_end - 1);
     {
       Tensor s = acc_rowcol(acc_s);
@@ -178,6 +186,7 @@ struct FwdMainloop {
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(read);
+      release_q(n_block);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
       Tensor correction = softmax.update_stats(s, scale_log2);
