@@ -114,14 +114,19 @@ struct FwdTraits {
                                       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
 };
 
-// Tile sizes per head dim: the largest key tile whose two-stage K/V pipeline,
-// Q tile and barriers fit in 227 KB.
+// Tile sizes per head dim, measured on an H200 (benchmarks/RESULTS.md, sm90).
+// What decides them: the S, P and O fragments together must stay within
+// about 170 of a consumer's 240 registers (beyond it ptxas keeps fewer wgmma
+// in flight: head dim 128 with 176 keys per tile ran 18% slower than with
+// 128), and the two-stage K/V ring plus Q (and O, where it fits) must fit in
+// 227 KB. Head dim 64 takes three consumer warpgroups (192 query rows): its
+// tiles are light in registers and heavy in softmax work per FLOP.
 template <typename Element, int kHeadDim>
 struct FwdConfig;
 
 template <typename Element>
 struct FwdConfig<Element, 64> {
-  using Traits = FwdTraits<Element, 64, 128, 128, 2>;
+  using Traits = FwdTraits<Element, 64, 192, 128, 2>;
 };
 template <typename Element>
 struct FwdConfig<Element, 96> {
@@ -133,11 +138,11 @@ struct FwdConfig<Element, 128> {
 };
 template <typename Element>
 struct FwdConfig<Element, 192> {
-  using Traits = FwdTraits<Element, 192, 128, 112, 2>;
+  using Traits = FwdTraits<Element, 192, 128, 96, 2>;
 };
 template <typename Element>
 struct FwdConfig<Element, 256> {
-  using Traits = FwdTraits<Element, 256, 128, 80, 2>;
+  using Traits = FwdTraits<Element, 256, 128, 64, 2>;
 };
 
 }  // namespace sm90
