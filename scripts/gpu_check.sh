@@ -30,6 +30,14 @@ if [[ ! -f torch_flash_backend/lib/libtorch_flash_backend.so ]]; then
     || { tail -50 "$OUT/build.log"; exit 1; }
   echo "build took $(( $(date +%s) - start )) s"
 fi
+# A compiler that links libstdc++ statically gives the library a private C++
+# runtime: every exception it throws (a bad-argument error) then crashes the
+# process. Such a build is refused; build with a toolchain that links it
+# dynamically (CXX=...) or carry a build from another machine.
+if nm -D --defined-only torch_flash_backend/lib/libtorch_flash_backend.so 2>/dev/null | grep -q ' T __cxa_throw$'; then
+  echo "torch_flash_backend/lib/libtorch_flash_backend.so carries its own libstdc++ (static link): rebuild with CXX set to a g++ that links it dynamically"
+  exit 1
+fi
 
 if has env; then
   step "environment"

@@ -132,6 +132,14 @@ def test_library_is_not_a_python_module():
     assert not [s for s in defined if s.startswith("PyInit_")]
 
 
+def test_library_shares_the_process_cxx_runtime():
+    """A toolchain that links libstdc++ statically gives the library its own
+    exception runtime; an error thrown by an op then crashes the process
+    instead of reaching Python as a RuntimeError."""
+    defined = {line.split()[-1] for line in _nm("--defined-only").splitlines() if line.strip()}
+    assert "__cxa_throw" not in defined, "the library links libstdc++ statically"
+
+
 def test_library_loads_with_torch_ops_load_library():
     # A fresh interpreter that never imports the package: loading the file alone
     # must register the schemas, as it does for a C++ host.
