@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds a standalone binary timing sm90 forward tile variants against the sm80
+# forward on the benchmark grid's shapes (torch-free: the launchers of src/ alone).
+#   bash benchmarks/sm90_tiles/build.sh [variants.txt]   # then run ./build/sm90_tiles/run
+# Each line of the variants file: name head_dim block_m block_n stages.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+VARIANTS=$(realpath "${1:-$ROOT/benchmarks/sm90_tiles/variants.txt}")
+OUT=$ROOT/build/sm90_tiles
+mkdir -p "$OUT"
+CUTLASS=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
+NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -gencode=arch=compute_90a,code=sm_90a -I$ROOT/src -I$CUTLASS"
+cd "$OUT"
+for e in 64 128; do  # the reference the variants are checked against
+  [[ -f sm80_$e.o ]] || $NVCC $FLAGS -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o sm80_$e.o
+done
+$NVCC $FLAGS -DTFB_WITH_SM90 -c "$ROOT/src/sm90/api_sm90.cu" -o api_sm90.o
+decls=""; table=""
+while read -r name e m n stages; do
+  [[ -z "$name" ]] && continue
+  printf '#include "sm90/launch_fwd.h"\ncudaError_t %s(const tfb::AttnFwdParams& p, cudaStream_t s) {\n  return tfb::sm90::launch_fwd_with<tfb::sm90::FwdTraits<cutlass::bfloat16_t, %s, %s, %s, %s>>(p, s);\n}\n' \
+    "$name" "$e" "$m" "$n" "$stages" > "v_$name.cu"
+  $NVCC $FLAGS -Xptxas -v -c "v_$name.cu" -o "v_$name.o" 2>&1 | grep -E "error|spill" | sed "s/^/$name: /"
+  decls+="cudaError_t $name(const tfb::AttnFwdParams&, cudaStream_t); "
+  table+="{\"$name\", $e, &$name}, "
+done < "$VARIANTS"
+python - "$ROOT/benchmarks/sm90_tiles/main.cu" main.cu "$decls" "$table" <<'PY'
+import sys
+src, dst, decls, table = sys.argv[1:]
+open(dst, "w").write(open(src).read().replace("//DECLS", decls).replace("//TABLE", table))
+PY
+$NVCC $FLAGS -c main.cu -o main.o
+$NVCC -gencode=arch=compute_90a,code=sm_90a main.o api_sm90.o sm80_*.o v_*.o -o run
+echo "built $OUT/run"
