@@ -99,8 +99,8 @@ struct FwdMainloop {
     }
   }
 
-  // Consumer: one warpgroup's share (64 rows) of one query tile. Returns the
-  // softmax state for the epilogue; acc_o holds the unnormalised output.
+  // Consumer: one warpgroup's share (64 rows) of one query tile. Leaves the
+  // row statistics in `softmax` and the unnormalised output in acc_o.
   template <class AccO, class Softmax>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
                                   Pipeline& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
