@@ -1,8 +1,6 @@
-// Runtime (dtype, head dim) -> compiled instantiation. A head dim left out of
-// the build (TFB_HEAD_DIMS) reports has_* false and never links its symbol.
-#include <cutlass/numeric_types.h>
-
+// The sm80 family's entry points: every head dim, forward and backward.
 #include "api.h"
+#include "dispatch.h"
 #include "sm80/launch.h"
 
 namespace tfb {
@@ -10,36 +8,8 @@ namespace sm80 {
 namespace {
 
 template <typename Fn>
-bool visit_head_dim(int head_dim, Fn&& fn) {
-  switch (head_dim) {
-#ifdef TFB_WITH_HDIM32
-    case 32: fn(std::integral_constant<int, 32>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM64
-    case 64: fn(std::integral_constant<int, 64>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM96
-    case 96: fn(std::integral_constant<int, 96>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM128
-    case 128: fn(std::integral_constant<int, 128>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM192
-    case 192: fn(std::integral_constant<int, 192>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM256
-    case 256: fn(std::integral_constant<int, 256>{}); return true;
-#endif
-    default: return false;
-  }
-}
-
-template <typename Fn>
 bool visit(DType dtype, int head_dim, Fn&& fn) {
-  if (dtype == DType::kFloat16) {
-    return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::half_t{}, d); });
-  }
-  return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::bfloat16_t{}, d); });
+  return visit_instantiation<32, 64, 96, 128, 192, 256>(dtype, head_dim, fn);
 }
 
 }  // namespace

@@ -1,11 +1,9 @@
 // Runtime (dtype, head dim) -> compiled sm90 instantiation. Compiled like the
 // rest of the library (no sm_90a code here), so it only names the launchers.
 #include <cstdint>
-#include <type_traits>
-
-#include <cutlass/numeric_types.h>
 
 #include "api.h"
+#include "dispatch.h"
 #include "sm90/launch.h"
 
 namespace tfb {
@@ -13,35 +11,13 @@ namespace sm90 {
 namespace {
 
 template <typename Fn>
-bool visit_head_dim(int head_dim, Fn&& fn) {
-  switch (head_dim) {
-#ifdef TFB_WITH_SM90  // the family can be left out of a build (TFB_BUILD_SM90=0)
-#ifdef TFB_WITH_HDIM64
-    case 64: fn(std::integral_constant<int, 64>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM96
-    case 96: fn(std::integral_constant<int, 96>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM128
-    case 128: fn(std::integral_constant<int, 128>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM192
-    case 192: fn(std::integral_constant<int, 192>{}); return true;
-#endif
-#ifdef TFB_WITH_HDIM256
-    case 256: fn(std::integral_constant<int, 256>{}); return true;
-#endif
-#endif
-    default: return false;
-  }
-}
-
-template <typename Fn>
 bool visit(DType dtype, int head_dim, Fn&& fn) {
-  if (dtype == DType::kFloat16) {
-    return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::half_t{}, d); });
-  }
-  return visit_head_dim(head_dim, [&](auto d) { fn(cutlass::bfloat16_t{}, d); });
+#ifdef TFB_WITH_SM90  // the family can be left out of a build (TFB_BUILD_SM90=0)
+  return visit_instantiation<64, 96, 128, 192, 256>(dtype, head_dim, fn);
+#else
+  (void)dtype, (void)head_dim, (void)fn;
+  return false;
+#endif
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
