@@ -23,6 +23,9 @@ SM80_ARCH = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,co
 # wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip:
 # machine code alone.
 SM90_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
+# CuTe names wgmma tiles whose N is not 8, 16, 32, 64, 96, 128, 192 or 256 only
+# under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
+SM90_DEFINES = ["-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"]
 
 
 def _cutlass_include() -> str:
@@ -80,7 +83,7 @@ class BuildLibrary(BuildExtension):
         sm90_sources = getattr(ext, "sm90_sources", [])
         if sm90_sources:
             args = dict(ext.extra_compile_args)
-            args["nvcc"] = [f for f in args["nvcc"] if f not in SM80_ARCH] + SM90_ARCH
+            args["nvcc"] = [f for f in args["nvcc"] if f not in SM80_ARCH] + SM90_ARCH + SM90_DEFINES
             # A directory of their own: torch writes one build.ninja per output directory.
             ext.extra_objects = ext.extra_objects + self.compiler.compile(
                 sm90_sources, output_dir=os.path.join(self.build_temp, "sm90"), macros=ext.define_macros,

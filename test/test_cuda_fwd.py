@@ -95,6 +95,17 @@ def test_lengths(family, head_dim, dtype, causal):
             check(1, 2, 2, len_q, len_k, head_dim, dtype, causal, layout)
 
 
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_causal_tile_walk(family, head_dim):
+    """Causal lengths on both sides of the sm90 head-dim-64 switch from 128- to
+    192-row tiles (4096 queries), with odd and even query-tile counts for both
+    (the scheduler pairs tile M-1-i with tile i; an odd M leaves one unpaired)."""
+    require_kernel(family, torch.bfloat16, head_dim)
+    torch.manual_seed(head_dim + 1)
+    for len_q, len_k in ((300, 300), (400, 400), (640, 4500), (4096, 4096), (4300, 4300), (4300, 700)):
+        check(1, 4, 2, len_q, len_k, head_dim, torch.bfloat16, True, "blhe")
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
@@ -226,8 +237,15 @@ def test_broadcast_kv_default_families():
             for _ in range(2))
     for causal in (False, True):
         decision = tfb.explain(q, k, v, is_causal=causal)
-        with tfb.enable():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert decision.served and not decision.kernel.startswith("sm90"), str(decision)
+        out = None
+
+        def call():
+            nonlocal out
+            with tfb.enable():
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        # explain names the family that actually runs.
+        assert testing.launched_families(call) == {decision.kernel.split("_")[0]}
         ref_out, _ = attention_ref(q, k, v, None, causal)
         baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         assert_within_baseline(f"broadcast K/V causal={causal} ({decision})", out, baseline, ref_out)

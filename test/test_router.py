@@ -218,6 +218,20 @@ def test_hopper_without_sm90_kernels(fake):
         assert tfb.explain(*qkv(e=64)).kernel == "sm80_fwd_bf16_hdim64"
 
 
+def test_hopper_broadcast_kv_goes_to_sm80(fake):
+    # TMA descriptors cannot step by 0: expand()ed K/V are read by sm80 on Hopper.
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD):
+        q, k, v = qkv(b=3, e=128)
+        k, v = (t[:1].expand(3, -1, -1, -1) for t in (k, v))
+        assert tfb.explain(q, k, v).kernel == "sm80_fwd_bf16_hdim128"
+        assert tfb.explain(q[:1].expand(3, -1, -1, -1), *qkv(b=3, e=128)[1:]).kernel == "sm80_fwd_bf16_hdim128"
+        # A size-1 dim's stride is never stepped along, whatever it is.
+        q1, k1, v1 = qkv(b=1, e=128)
+        assert tfb.explain(q1, k1.expand(1, -1, -1, -1), v1).kernel == "sm90_fwd_bf16_hdim128"
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM90_FWD):
+        assert "stride 0 (expand), which the sm90 forward cannot read" in reason(q, k, v)
+
+
 def test_hopper_sm90_forward_without_any_backward(fake):
     with testing.pretend_cuda(capability=(9, 0), kernels=SM90_FWD):
         assert tfb.explain(*qkv()).kernel == "sm90_fwd_bf16_hdim64"

@@ -184,10 +184,14 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
             return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", detail)
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}"
         return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", f"{detail}, backward by {bwd}", backward_kernel=bwd)
-    return _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail)
+    broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
+    return _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, broadcast)
 
 
-def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str) -> Decision:
+def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
+                      broadcast: bool = False) -> Decision:
+    """broadcast: an input has stride 0 along a dim of size > 1 (expand()), which
+    TMA cannot describe, so the sm90 forward passes it to the next family."""
     try:
         capability = probe.capability(device)
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -204,8 +208,12 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
                          f"compute capability {capability[0]}.{capability[1]} ({', '.join(_families(capability))})")
     only = "" if allowed is None else f" (families allowed by {FAMILIES_ENV}: {', '.join(families)})"
     suffix = f"_{dtype_name}_hdim{e}"
-    fwd = next((f"{f}_fwd{suffix}" for f in families if f"{f}_fwd{suffix}" in kernels), None)
+    fwd = next((f"{f}_fwd{suffix}" for f in families
+                if f"{f}_fwd{suffix}" in kernels and not (broadcast and f == "sm90")), None)
     if fwd is None:
+        if broadcast and f"sm90_fwd{suffix}" in kernels and "sm90" in families:
+            return _fallback(f"an input is broadcast with stride 0 (expand), which the sm90 forward cannot read, "
+                             f"and no other forward was built for {dtype_name} head dim {e}{only}")
         return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}{only}")
     if not needs_grad:
         return Decision(True, fwd, detail)

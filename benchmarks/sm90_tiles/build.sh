@@ -10,26 +10,37 @@ OUT=$ROOT/build/sm90_tiles
 mkdir -p "$OUT"
 CUTLASS=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
 NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
-FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -gencode=arch=compute_90a,code=sm_90a -I$ROOT/src -I$CUTLASS"
+FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -gencode=arch=compute_90a,code=sm_90a -I$ROOT/src -I$CUTLASS"
 cd "$OUT"
 for e in 64 128; do  # the reference the variants are checked against
   [[ -f sm80_$e.o ]] || $NVCC $FLAGS -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o sm80_$e.o
 done
 $NVCC $FLAGS -DTFB_WITH_SM90 -c "$ROOT/src/sm90/api_sm90.cu" -o api_sm90.o
-decls=""; table=""
+decls=""; table=""; objs=""
 while read -r name e m n stages; do
   [[ -z "$name" ]] && continue
   printf '#include "sm90/launch_fwd.h"\ncudaError_t %s(const tfb::AttnFwdParams& p, cudaStream_t s) {\n  return tfb::sm90::launch_fwd_with<tfb::sm90::FwdTraits<cutlass::bfloat16_t, %s, %s, %s, %s>>(p, s);\n}\n' \
-    "$name" "$e" "$m" "$n" "$stages" > "v_$name.cu"
-  $NVCC $FLAGS -Xptxas -v -c "v_$name.cu" -o "v_$name.o" 2>&1 | grep -E "error|spill" | sed "s/^/$name: /"
+    "$name" "$e" "$m" "$n" "$stages" > "v_$name.new"
+  objs+=" v_$name.o"
+  # Kept from an earlier build when neither the variant nor the sources changed.
+  if cmp -s "v_$name.new" "v_$name.cu" && [[ -f "v_$name.o" && -z $(find "$ROOT/src" -newer "v_$name.o" -name '*.h') ]]; then
+    rm "v_$name.new"
+  else
+    mv "v_$name.new" "v_$name.cu"; rm -f "v_$name.o"
+  fi
   decls+="cudaError_t $name(const tfb::AttnFwdParams&, cudaStream_t); "
   table+="{\"$name\", $e, &$name}, "
+  [[ -f "v_$name.o" ]] && continue
+  while (( $(jobs -rp | wc -l) >= ${JOBS:-2} )); do wait -n || true; done
+  { $NVCC $FLAGS -Xptxas -v -c "v_$name.cu" -o "v_$name.o" 2>&1 | grep -E "error|spill" | sed "s/^/$name: /"; } &
 done < "$VARIANTS"
+wait
+for o in $objs; do [[ -f $o ]] || { echo "$o failed to build"; exit 1; }; done
 python - "$ROOT/benchmarks/sm90_tiles/main.cu" main.cu "$decls" "$table" <<'PY'
 import sys
 src, dst, decls, table = sys.argv[1:]
 open(dst, "w").write(open(src).read().replace("//DECLS", decls).replace("//TABLE", table))
 PY
 $NVCC $FLAGS -c main.cu -o main.o
-$NVCC -gencode=arch=compute_90a,code=sm_90a main.o api_sm90.o sm80_*.o v_*.o -o run
+$NVCC -gencode=arch=compute_90a,code=sm_90a main.o api_sm90.o sm80_*.o $objs -o run
 echo "built $OUT/run"

@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
     typename Traits::MmaPV mma_pv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int local_tile_count = 0;
-    for (int index = blockIdx.x; index < p.scheduler.num_tiles(); index += gridDim.x, ++local_tile_count) {
-      const auto tile = p.scheduler.tile(index);
+    for (int pos = p.scheduler.first(); p.scheduler.valid(pos); pos = p.scheduler.next(pos), ++local_tile_count) {
+      const auto tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       sm80::OnlineSoftmax<2> softmax;
       Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask, tile.m_block, local_tile_count,

@@ -43,14 +43,26 @@ struct FwdTraits {
   static constexpr int kThreads = kConsumerThreads + 128;
   static_assert(kBlockM % 64 == 0 && kConsumerWarpgroups <= 3);
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
-  // The producer needs few registers; the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 24 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 240 : 160;
+  // The producer needs few registers; the consumers hold S, P and O. Below 40
+  // the producer spills its tile walk, which cost up to 8% at head dim 256.
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 40 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 232 : 160;
+  // setmaxnreg only moves registers within what the CTA was launched with (the
+  // per-thread count ptxas gives every thread of a one-CTA-per-SM kernel): a
+  // larger sum leaves the consumers waiting forever for registers.
+  static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "register split exceeds the launch allocation");
 
   // S = Q K^T: both operands from shared memory, K-major (head dim contiguous).
   using MmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  // One wgmma must span the whole key tile: split into narrower ones it runs at a
+  // fraction of the rate. CuTe names widths such as 80 or 176 only under
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which the build defines.
+  static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
+                "no single wgmma spans kBlockN keys; build with -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
   // O += P V: P from registers, V from shared memory read along the key
   // (MN-major: V's rows are contiguous in the head dim).
   using MmaPV = decltype(make_tiled_mma(
@@ -114,36 +126,38 @@ struct FwdTraits {
                                       SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
 };
 
-// Tile sizes per head dim, measured on an H200 (benchmarks/RESULTS.md, sm90).
-// What decides them: the S, P and O fragments together must stay within
-// about 170 of a consumer's 240 registers (beyond it ptxas keeps fewer wgmma
-// in flight: head dim 128 with 176 keys per tile ran 18% slower than with
-// 128), and the two-stage K/V ring plus Q (and O, where it fits) must fit in
-// 227 KB. Head dim 64 takes three consumer warpgroups (192 query rows): its
-// tiles are light in registers and heavy in softmax work per FLOP.
+// Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/RESULTS.md,
+// sm90). The two-stage K/V ring plus Q (and O, where it fits) must fit in
+// 227 KB. Wider key tiles (176 at head dim 128, 112 at 192, 80 at 256) gain a
+// few % at 16K keys and lose more at 1-2K, where the last tile is mostly
+// padding. Head dim 64 takes three consumer warpgroups (192 query rows): its
+// tiles are light in registers and heavy in softmax work per FLOP; but under a
+// causal mask 192-row tiles cut the diagonal coarsely (at 1K queries a third
+// of the work they do is masked out), and up to 4K queries 128-row tiles win.
+//
+// Traits serves every call, except causal calls of at most kShortCausalMaxLen
+// queries, which ShortCausalTraits serves when it is not void.
+template <class Traits_, class ShortCausalTraits_ = void, int kShortCausalMaxLen_ = 0>
+struct TileChoice {
+  using Traits = Traits_;
+  using ShortCausalTraits = ShortCausalTraits_;
+  static constexpr int kShortCausalMaxLen = kShortCausalMaxLen_;
+};
+
 template <typename Element, int kHeadDim>
 struct FwdConfig;
 
 template <typename Element>
-struct FwdConfig<Element, 64> {
-  using Traits = FwdTraits<Element, 64, 192, 128, 2>;
-};
+struct FwdConfig<Element, 64>
+    : TileChoice<FwdTraits<Element, 64, 192, 128, 2>, FwdTraits<Element, 64, 128, 128, 2>, 4096> {};
 template <typename Element>
-struct FwdConfig<Element, 96> {
-  using Traits = FwdTraits<Element, 96, 128, 128, 2>;
-};
+struct FwdConfig<Element, 96> : TileChoice<FwdTraits<Element, 96, 128, 128, 2>> {};
 template <typename Element>
-struct FwdConfig<Element, 128> {
-  using Traits = FwdTraits<Element, 128, 128, 128, 2>;
-};
+struct FwdConfig<Element, 128> : TileChoice<FwdTraits<Element, 128, 128, 128, 2>> {};
 template <typename Element>
-struct FwdConfig<Element, 192> {
-  using Traits = FwdTraits<Element, 192, 128, 96, 2>;
-};
+struct FwdConfig<Element, 192> : TileChoice<FwdTraits<Element, 192, 128, 96, 2>> {};
 template <typename Element>
-struct FwdConfig<Element, 256> {
-  using Traits = FwdTraits<Element, 256, 128, 64, 2>;
-};
+struct FwdConfig<Element, 256> : TileChoice<FwdTraits<Element, 256, 128, 64, 2>> {};
 
 }  // namespace sm90
 }  // namespace tfb

@@ -1,11 +1,12 @@
 // Host side of the sm90 forward: builds the TMA descriptors for this call's
-// pointers and strides and launches one persistent CTA per SM (or per tile,
-// when there are fewer tiles).
+// pointers and strides and launches one persistent CTA per SM (or per work
+// unit, when there are fewer units).
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
@@ -45,7 +46,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   const int64_t m_blocks = (a.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  if (m_blocks * a.heads_q * a.batch > INT_MAX) return cudaErrorInvalidValue;
+  // The scheduler's positions count two per unit, plus a grid stride.
+  if (m_blocks * a.heads_q * a.batch > INT_MAX / 2 - 4096) return cudaErrorInvalidValue;
 
   auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
@@ -65,7 +67,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}), mO.shape(), a.lse,
        a.len_q, a.heads_q},
-      {int(m_blocks), a.heads_q, a.batch, a.is_causal ? a.heads_q * a.batch : 1},
+      {int(m_blocks), a.heads_q, a.batch, a.is_causal},
       {a.len_q, a.len_k, a.is_causal},
       a.scale};
 
@@ -73,14 +75,20 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const int grid = std::min(p.scheduler.num_tiles(), std::max(a.num_sms, 1));
+  const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
-  return launch_fwd_with<typename FwdConfig<Element, kHeadDim>::Traits>(params, stream);
+  using Config = FwdConfig<Element, kHeadDim>;
+  if constexpr (!std::is_void_v<typename Config::ShortCausalTraits>) {
+    if (params.is_causal && params.len_q <= Config::kShortCausalMaxLen) {
+      return launch_fwd_with<typename Config::ShortCausalTraits>(params, stream);
+    }
+  }
+  return launch_fwd_with<typename Config::Traits>(params, stream);
 }
 
 }  // namespace sm90

@@ -67,8 +67,8 @@ struct FwdMainloop {
 
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     int local_tile_count = 0;
-    for (int index = blockIdx.x; index < scheduler.num_tiles(); index += gridDim.x, ++local_tile_count) {
-      const auto tile = scheduler.tile(index);
+    for (int pos = scheduler.first(); scheduler.valid(pos); pos = scheduler.next(pos), ++local_tile_count) {
+      const auto tile = scheduler.tile(pos);
       const int kv_head = tile.head / p.group;
       Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(tile.m_block, 0));
@@ -194,9 +194,11 @@ struct FwdMainloop {
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
-      Tensor o = acc_rowcol(acc_o);
-      sm80::scale_rows(o, correction);
-      copy(convert_fragment<Element>(acc_s), p_regs);
+      if (warp_any_not_one(correction)) {
+        Tensor o = acc_rowcol(acc_o);
+        sm80::scale_rows(o, correction);
+      }
+      convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;
     }

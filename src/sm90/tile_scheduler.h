@@ -1,13 +1,16 @@
-// Persistent tile scheduler: one CTA per SM walks the (query tile, head,
-// batch) tiles with a stride of the grid size.
+// Persistent tile scheduler: one CTA per SM walks work units with a stride of
+// the grid size; a unit is one or two query tiles of one (batch, head).
 //
-// The (batch, head) pairs are cut into sections of consecutive tiles; within
-// a section the query tiles go out last first, across its pairs. Without a
-// mask a section is one pair: the CTAs running at the same time then read the
-// same K/V tiles, which mostly hit L2. Under a causal mask a query tile's work
-// grows with its index and a section is every pair: all heavy tiles go out
-// first and the short ones fill the gaps at the end (longest-processing-time
-// order); per-pair sections left the grid-strided CTAs with unequal loads.
+// Units of one (batch, head) are consecutive, so the CTAs running at the same
+// time read the same K/V tiles, which mostly hit L2. Without a mask a unit is
+// one query tile and every unit costs the same. Under a causal mask query
+// tile m sees about m + 1 key tiles, so a unit folds tile M-1-i with tile i:
+// every unit then costs about M + 1 key tiles, and striding equal units over
+// the grid leaves the CTAs with equal loads (an odd M's middle tile is a unit
+// of its own, at half the cost).
+//
+// A position encodes (unit, half): half 0 is the unit's first (heavier) tile,
+// half 1 its folded partner.
 #pragma once
 
 #include <cute/config.hpp>
@@ -23,16 +26,24 @@ struct TileScheduler {
   int num_m_blocks;
   int heads;
   int batch;
-  int section;  // (batch, head) pairs per section
+  bool fold;  // causal: pair tile M-1-i with tile i
 
-  CUTE_HOST_DEVICE int num_tiles() const { return num_m_blocks * heads * batch; }
+  CUTE_HOST_DEVICE int units_per_head() const { return fold ? (num_m_blocks + 1) / 2 : num_m_blocks; }
+  CUTE_HOST_DEVICE int num_units() const { return units_per_head() * heads * batch; }
 
-  CUTE_HOST_DEVICE Tile tile(int index) const {
-    const int first_pair = index / (section * num_m_blocks) * section;
-    const int pairs = min(section, heads * batch - first_pair);
-    const int rest = index - first_pair * num_m_blocks;
-    const int pair = first_pair + rest % pairs;
-    return {num_m_blocks - 1 - rest / pairs, pair % heads, pair / heads};
+  CUTE_DEVICE int first() const { return 2 * int(blockIdx.x); }
+  CUTE_DEVICE bool valid(int pos) const { return pos / 2 < num_units(); }
+  CUTE_DEVICE int next(int pos) const {
+    const int unit = pos / 2;
+    const bool has_partner = fold && 2 * (unit % units_per_head()) + 1 < num_m_blocks;
+    return pos % 2 == 0 && has_partner ? pos + 1 : 2 * (unit + int(gridDim.x));
+  }
+
+  CUTE_HOST_DEVICE Tile tile(int pos) const {
+    const int unit = pos / 2;
+    const int pair = unit / units_per_head();
+    const int i = unit % units_per_head();
+    return {pos % 2 == 0 ? num_m_blocks - 1 - i : i, pair % heads, pair / heads};
   }
 };
 

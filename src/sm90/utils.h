@@ -68,6 +68,35 @@ CUTE_DEVICE void wgmma(TiledMma& mma, FragA const& a, FragB const& b, Acc& acc) 
   }
 }
 
+// dst = src converted to 16 bits, written 32 bits (one converted pair) at a
+// time: assigning a converted fragment element by element makes the compiler
+// unpack and repack every pair (~100 integer instructions per key tile).
+template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
+CUTE_DEVICE void convert_fragment_into(Tensor<SrcEngine, SrcLayout> const& src, Tensor<DstEngine, DstLayout>& dst) {
+  using To = typename DstEngine::value_type;
+  constexpr int kSize = decltype(size(src))::value;
+  static_assert(sizeof(To) == 2 && kSize % 2 == 0 && kSize == decltype(size(dst))::value);
+  cutlass::NumericArrayConverter<To, float, 2> convert;
+  auto const* in = reinterpret_cast<cutlass::Array<float, 2> const*>(src.data());
+  auto* out = reinterpret_cast<uint32_t*>(dst.data());
+  CUTE_UNROLL
+  for (int i = 0; i < kSize / 2; ++i) {
+    const cutlass::Array<To, 2> pair = convert(in[i]);
+    out[i] = reinterpret_cast<uint32_t const&>(pair);
+  }
+}
+
+// Whether any lane of the warp has a row factor other than exactly 1. Once the
+// row maxima settle most key tiles leave them unchanged, and a warp can skip
+// multiplying its O rows by 1.
+template <class Factor>
+CUTE_DEVICE bool warp_any_not_one(Factor const& factor) {
+  bool any = false;
+  CUTE_UNROLL
+  for (int r = 0; r < size(factor); ++r) any |= factor(r) != 1.f;
+  return __any_sync(0xffffffff, any);
+}
+
 // Named barriers (bar.sync / bar.arrive) among a subset of the CTA's warps.
 // Id 0 is __syncthreads().
 CUTE_DEVICE void named_barrier_sync(int id, int threads) {
