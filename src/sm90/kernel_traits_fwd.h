@@ -133,7 +133,7 @@ struct FwdTraits {
 // padding. Head dim 64 takes three consumer warpgroups (192 query rows): its
 // tiles are light in registers and heavy in softmax work per FLOP; but under a
 // causal mask 192-row tiles cut the diagonal coarsely (at 1K queries a third
-// of the work they do is masked out), and up to 4K queries 128-row tiles win.
+// of the work they do is masked out), and up to 2K queries 128-row tiles win.
 //
 // Traits serves every call, except causal calls of at most kShortCausalMaxLen
 // queries, which ShortCausalTraits serves when it is not void.
@@ -149,7 +149,7 @@ struct FwdConfig;
 
 template <typename Element>
 struct FwdConfig<Element, 64>
-    : TileChoice<FwdTraits<Element, 64, 192, 128, 2>, FwdTraits<Element, 64, 128, 128, 2>, 4096> {};
+    : TileChoice<FwdTraits<Element, 64, 192, 128, 2>, FwdTraits<Element, 64, 128, 128, 2>, 2048> {};
 template <typename Element>
 struct FwdConfig<Element, 96> : TileChoice<FwdTraits<Element, 96, 128, 128, 2>> {};
 template <typename Element>
