@@ -194,10 +194,8 @@ struct FwdMainloop {
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
-      if (warp_any_not_one(correction)) {
-        Tensor o = acc_rowcol(acc_o);
-        sm80::scale_rows(o, correction);
-      }
+      Tensor o = acc_rowcol(acc_o);
+      sm80::scale_rows(o, correction);
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;

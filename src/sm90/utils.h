@@ -86,17 +86,6 @@ CUTE_DEVICE void convert_fragment_into(Tensor<SrcEngine, SrcLayout> const& src, 
   }
 }
 
-// Whether any lane of the warp has a row factor other than exactly 1. Once the
-// row maxima settle most key tiles leave them unchanged, and a warp can skip
-// multiplying its O rows by 1.
-template <class Factor>
-CUTE_DEVICE bool warp_any_not_one(Factor const& factor) {
-  bool any = false;
-  CUTE_UNROLL
-  for (int r = 0; r < size(factor); ++r) any |= factor(r) != 1.f;
-  return __any_sync(0xffffffff, any);
-}
-
 // Named barriers (bar.sync / bar.arrive) among a subset of the CTA's warps.
 // Id 0 is __syncthreads().
 CUTE_DEVICE void named_barrier_sync(int id, int threads) {
