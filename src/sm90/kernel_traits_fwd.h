@@ -128,9 +128,11 @@ struct FwdTraits {
 
 // Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/RESULTS.md,
 // sm90). The two-stage K/V ring plus Q (and O, where it fits) must fit in
-// 227 KB. Wider key tiles (176 at head dim 128, 112 at 192, 80 at 256) gain a
-// few % at 16K keys and lose more at 1-2K, where the last tile is mostly
-// padding. Head dim 64 takes three consumer warpgroups (192 query rows): its
+// 227 KB. Wider key tiles (176 at head dim 128, 112 at 192) gain a few % at
+// 16K keys and lose more at 1-2K, where the last tile is mostly padding. Head
+// dim 256 takes 80-key tiles (+1-6% without a mask at every length, +2-4%
+// causal from 8K) but 64-key ones for causal calls up to 4K queries, where 80
+// lost up to 14%. Head dim 64 takes three consumer warpgroups (192 query rows): its
 // tiles are light in registers and heavy in softmax work per FLOP; but under a
 // causal mask 192-row tiles cut the diagonal coarsely (at 1K queries a third
 // of the work they do is masked out), and up to 2K queries 128-row tiles win.
@@ -157,7 +159,8 @@ struct FwdConfig<Element, 128> : TileChoice<FwdTraits<Element, 128, 128, 128, 2>
 template <typename Element>
 struct FwdConfig<Element, 192> : TileChoice<FwdTraits<Element, 192, 128, 96, 2>> {};
 template <typename Element>
-struct FwdConfig<Element, 256> : TileChoice<FwdTraits<Element, 256, 128, 64, 2>> {};
+struct FwdConfig<Element, 256>
+    : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 4096> {};
 
 }  // namespace sm90
 }  // namespace tfb
