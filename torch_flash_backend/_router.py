@@ -189,7 +189,7 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
-                      broadcast: bool = False) -> Decision:
+                      broadcast: bool) -> Decision:
     """broadcast: an input has stride 0 along a dim of size > 1 (expand()), which
     TMA cannot describe, so the sm90 forward passes it to the next family."""
     try:
