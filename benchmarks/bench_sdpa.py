@@ -6,7 +6,10 @@
 Grid: bf16, B*L = 16384 tokens, hidden 2048 (H = 2048 / E), q/k/v in the layout
 Hugging Face models pass ((B, L, H, E).transpose(1, 2)). FLOPs: 4*B*H*L*S*E for
 the forward, 2.5x that for the backward (so 3.5x for forward+backward), halved
-when causal. Times are medians of CUDA-event timings after warm-up.
+when causal. Times are medians of CUDA-event timings after warm-up; within a
+row the backends take turns, one timed call each per round, so that each sees
+the card in the same state (under sustained load an H100's clock sinks as it
+meets its power cap, and the backend timed first would get the coolest card).
 
 Backends: "ours" runs our ops with every kernel family (on Hopper the sm90
 forward and the sm80 backward), "ours-sm80" the same ops pinned to sm80 with
@@ -51,6 +54,35 @@ def time_ms(fn, warmup, reps):
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def time_in_turns(runs, warmup, reps):
+    """Median milliseconds of each of `runs` ({name: (context, fn)}), timed in
+    turns: every round times one call of each. A run whose warm-up raises
+    RuntimeError (a backend that does not take the shape) is dropped and its
+    error returned instead of a time."""
+    results = {}
+    for name, (context, fn) in list(runs.items()):
+        try:
+            with context():
+                for _ in range(warmup):
+                    fn()
+        except RuntimeError as err:
+            results[name] = err
+            del runs[name]
+    torch.cuda.synchronize()
+    times = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, (context, fn) in runs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with context():
+                start.record()
+                fn()
+                end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    results.update({name: statistics.median(t) for name, t in times.items()})
+    return results
 
 
 def make_inputs(b, h, l, e, dtype, grad):
@@ -178,16 +210,15 @@ def main(argv=None):
                     b, h = max(1, args.tokens // l), args.hidden // e
                     q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd")
                     flops = attention_flops(b, h, l, l, e, causal, mode)
+                    runs = {x: (lambda x=x: families(x), runner(x, q, k, v, causal, mode)) for x in backends}
                     rates = {}
-                    for backend in backends:
-                        try:
-                            with families(backend):
-                                ms = time_ms(runner(backend, q, k, v, causal, mode), args.warmup, args.reps)
-                            rates[backend] = flops / ms / 1e9
-                        except RuntimeError as err:  # a backend that does not take this shape
+                    for backend, ms in time_in_turns(runs, args.warmup, args.reps).items():
+                        if isinstance(ms, RuntimeError):
                             rates[backend] = math.nan
                             notes.append(f"{backend} {mode} causal={int(causal)} E={e} L={l}: "
-                                         f"{str(err).splitlines()[0][:120]}")
+                                         f"{str(ms).splitlines()[0][:120]}")
+                        else:
+                            rates[backend] = flops / ms / 1e9
                     cells = [f"{rates[x]:.0f}" for x in backends] + [f"{rates['ours'] / rates[x]:.2f}" for x in ratios]
                     print(f"| {mode} | {int(causal)} | {e} | {l} | {b} | {h} | " + " | ".join(cells) + " |", flush=True)
                     del q, k, v

@@ -98,13 +98,13 @@ def test_lengths(family, head_dim, dtype, causal):
 @pytest.mark.parametrize("head_dim", (64, 128, 256))
 def test_causal_tile_walk(family, head_dim):
     """Causal lengths on both sides of the sm90 tile switches (head dim 64: 128- to
-    192-row tiles above 2048 queries; 256: 64- to 80-key tiles above 4096), with odd
+    192-row tiles above 2048 queries; 256: 64- to 80-key tiles above 1024), with odd
     and even query-tile counts (the scheduler pairs tile M-1-i with tile i; an odd M
     leaves one unpaired)."""
     require_kernel(family, torch.bfloat16, head_dim)
     torch.manual_seed(head_dim + 1)
-    for len_q, len_k in ((300, 300), (400, 400), (640, 4500), (2048, 2048), (2049, 2049), (2200, 2200),
-                         (4300, 700)):
+    for len_q, len_k in ((300, 300), (400, 400), (640, 4500), (1024, 1024), (1025, 1025), (2048, 2048), (2049, 2049),
+                         (2200, 2200), (4300, 700)):
         check(1, 4, 2, len_q, len_k, head_dim, torch.bfloat16, True, "blhe")
 
 

@@ -170,17 +170,32 @@ struct BwdMainloop {
       gemm_ss<LoadN, LoadN>(acc_s, mma_sdp, view(q_buf(sq), typename Traits::SmemLayoutQ{}), sK, tid);
       const bool need_mask = keys_ragged || (p.is_causal && n0 + kN - 1 > m0);
       Tensor prob = rowcol_view(acc_s);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      // Masked tiles take their own unrolled pass, in which row r keeps the
+      // tile's columns [0, limit(r)): a branch per score (the obvious `if
+      // (hidden) x = 0`) splits the pass into basic blocks and serialises each
+      // exp2 behind the one before.
+      auto exp_scores = [&](auto masked, auto limit) {
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
-          if (need_mask) {
-            const int row = m0 + get<0>(coord(r, c)), col = n0 + get<1>(coord(r, c));
-            if (col >= p.len_k || (p.is_causal && col > row)) x = 0.f;
+        for (int r = 0; r < kRows; ++r) {
+          const int col_end = limit(r);
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
+            if constexpr (decltype(masked)::value) {
+              prob(r, c) = get<1>(coord(r, c)) < col_end ? x : 0.f;
+            } else {
+              prob(r, c) = x;
+            }
           }
-          prob(r, c) = x;
         }
+      };
+      if (need_mask) {
+        exp_scores(cute::true_type{}, [&](int r) {
+          const int keys_left = p.len_k - n0;
+          return p.is_causal ? min(keys_left, m0 + get<0>(coord(r, 0)) - n0 + 1) : keys_left;
+        });
+      } else {
+        exp_scores(cute::false_type{}, [](int) { return kN; });
       }
       store_frag(acc_s, smem + Traits::kOffP);
 

@@ -48,8 +48,11 @@ struct AttnMask {
     for (int i = 0; i < size(acc); ++i) {
       const int row = m0 + get<0>(coord(i));
       const int col = get<1>(coord(i));
-      const bool hidden = col >= col_limit || (causal && n0 + col > row);
-      if (hidden) acc(i) = -INFINITY;
+      // Row `row` sees the tile's columns [0, limit). One compare and a select
+      // per score: a branch per score (what `if (hidden) acc = -inf` became)
+      // cost more than the softmax of the whole tile.
+      const int limit = causal ? min(col_limit, row - n0 + 1) : col_limit;
+      acc(i) = col < limit ? acc(i) : -INFINITY;
     }
   }
 };

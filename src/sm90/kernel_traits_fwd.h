@@ -130,9 +130,8 @@ struct FwdTraits {
 // sm90). The two-stage K/V ring plus Q (and O, where it fits) must fit in
 // 227 KB. Wider key tiles (176 at head dim 128, 112 at 192) gain a few % at
 // 16K keys and lose more at 1-2K, where the last tile is mostly padding. Head
-// dim 256 takes 80-key tiles (+1-6% without a mask at every length, +2-4%
-// causal from 8K) but 64-key ones for causal calls up to 4K queries, where 80
-// lost up to 14%. Head dim 64 takes three consumer warpgroups (192 query rows): its
+// dim 256 takes 80-key tiles (+1-6% without a mask at every length, +2-3%
+// causal from 2K) but 64-key ones for causal calls up to 1K queries (+2-7%). Head dim 64 takes three consumer warpgroups (192 query rows): its
 // tiles are light in registers and heavy in softmax work per FLOP; but under a
 // causal mask 192-row tiles cut the diagonal coarsely (at 1K queries a third
 // of the work they do is masked out), and up to 2K queries 128-row tiles win.
@@ -160,7 +159,7 @@ template <typename Element>
 struct FwdConfig<Element, 192> : TileChoice<FwdTraits<Element, 192, 128, 96, 2>> {};
 template <typename Element>
 struct FwdConfig<Element, 256>
-    : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 4096> {};
+    : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 1024> {};
 
 }  // namespace sm90
 }  // namespace tfb
