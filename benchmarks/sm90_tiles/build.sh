@@ -10,7 +10,7 @@ OUT=$ROOT/build/sm90_tiles
 mkdir -p "$OUT"
 CUTLASS=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
 NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
-FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -gencode=arch=compute_90a,code=sm_90a -I$ROOT/src -I$CUTLASS"
+FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -gencode=arch=compute_90a,code=sm_90a -I$ROOT/src -I$ROOT/benchmarks -I$CUTLASS"
 cd "$OUT"
 for e in 64 128; do  # the reference the variants are checked against
   [[ -f sm80_$e.o ]] || $NVCC $FLAGS -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o sm80_$e.o

@@ -48,11 +48,10 @@ struct AttnMask {
     for (int i = 0; i < size(acc); ++i) {
       const int row = m0 + get<0>(coord(i));
       const int col = get<1>(coord(i));
-      // Row `row` sees the tile's columns [0, limit). One compare and a select
-      // per score: a branch per score (what `if (hidden) acc = -inf` became)
-      // cost more than the softmax of the whole tile.
-      const int limit = causal ? min(col_limit, row - n0 + 1) : col_limit;
-      acc(i) = col < limit ? acc(i) : -INFINITY;
+      const bool hidden = col >= col_limit || (causal && n0 + col > row);
+      // A select: written as `if (hidden) acc(i) = -inf`, the sm90 forward
+      // got a branch per score, which cost more than the tile's softmax.
+      acc(i) = hidden ? -INFINITY : acc(i);
     }
   }
 };
