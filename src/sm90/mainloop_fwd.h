@@ -146,7 +146,9 @@ struct FwdMainloop {
     };
     auto mask_scores = [&](auto& acc_s, int n_block) {
       if (flip) sm80::negate_scores(acc_s);
-      if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+      if (mask.needs_mask(m_block, n_block)) {
+        mask.apply_by_row_limit(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+      }
     };
 
     clear(acc_o);
