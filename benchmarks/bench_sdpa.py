@@ -10,6 +10,8 @@ when causal. Times are medians of CUDA-event timings after warm-up; within a
 row the backends take turns, one timed call each per round, so that each sees
 the card in the same state (under sustained load an H100's clock sinks as it
 meets its power cap, and the backend timed first would get the coolest card).
+The host queues the calls without waiting for them, so the events time the
+GPU's work, not the host's launch overhead (--sync waits after every call).
 
 Backends: "ours" runs our ops with every kernel family (on Hopper the sm90
 forward and the sm80 backward), "ours-sm80" the same ops pinned to sm80 with
@@ -56,9 +58,12 @@ def time_ms(fn, warmup, reps):
     return statistics.median(times)
 
 
-def time_in_turns(runs, warmup, reps):
+def time_in_turns(runs, warmup, reps, sync=False):
     """Median milliseconds of each of `runs` ({name: (context, fn)}), timed in
-    turns: every round times one call of each. A run whose warm-up raises
+    turns: every round times one call of each. The host queues the calls
+    without waiting, as a training loop does, so the events time the GPU's
+    work; with `sync` it waits after every call, and each time then includes
+    the host's work up to the first launch. A run whose warm-up raises
     RuntimeError (a backend that does not take the shape) is dropped and its
     error returned instead of a time."""
     results = {}
@@ -71,7 +76,7 @@ def time_in_turns(runs, warmup, reps):
             results[name] = err
             del runs[name]
     torch.cuda.synchronize()
-    times = {name: [] for name in runs}
+    events = {name: [] for name in runs}
     for _ in range(reps):
         for name, (context, fn) in runs.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -79,9 +84,11 @@ def time_in_turns(runs, warmup, reps):
                 start.record()
                 fn()
                 end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    results.update({name: statistics.median(t) for name, t in times.items()})
+            if sync:
+                end.synchronize()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    results.update({name: statistics.median(a.elapsed_time(b) for a, b in pairs) for name, pairs in events.items()})
     return results
 
 
@@ -173,6 +180,8 @@ def main(argv=None):
     p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--sync", action="store_true",
+                   help="wait for every timed call before the next (times include the host's launch work)")
     p.add_argument("--memory", action="store_true", help="also report peak memory against math and flash")
     p.add_argument("--gemm", action="store_true", help="also report the bf16 GEMM rate (8192^3)")
     args = p.parse_args(argv)
@@ -186,7 +195,8 @@ def main(argv=None):
         backends.remove("ours-sm80")
         notes.append("ours-sm80 left out: no sm90 forward runs here, so ours is sm80 already")
     print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
-          f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}\n")
+          f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, "
+          f"{'synchronised after every call' if args.sync else 'calls queued'}\n")
     if args.gemm:
         print(f"bf16 GEMM 8192^3: {gemm_tflops(torch.bfloat16):.0f} TFLOP/s\n")
 
@@ -212,7 +222,7 @@ def main(argv=None):
                     flops = attention_flops(b, h, l, l, e, causal, mode)
                     runs = {x: (lambda x=x: families(x), runner(x, q, k, v, causal, mode)) for x in backends}
                     rates = {}
-                    for backend, ms in time_in_turns(runs, args.warmup, args.reps).items():
+                    for backend, ms in time_in_turns(runs, args.warmup, args.reps, args.sync).items():
                         if isinstance(ms, RuntimeError):
                             rates[backend] = math.nan
                             notes.append(f"{backend} {mode} causal={int(causal)} E={e} L={l}: "
