@@ -397,13 +397,21 @@ def _fresh_process(aoti, import_ours):
                            "1" if import_ours else "0"], capture_output=True, text=True, cwd=ROOT, env=env)
 
 
-def test_aoti_package_runs_in_fresh_process(aoti, device, request):
-    if device == "cuda":
-        # Seen twice on an H200 (torch 2.11): the CUDA package segfaults when run
-        # from Python after `import torch_flash_backend`, while examples/aoti_cpp
-        # runs the same package correctly. Strict, so a fix shows up as XPASS.
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="CUDA AOTI package segfaults in a Python process (C++ runner is fine)"))
+def _wrapper_carries_libstdcxx(package_path):
+    """Whether the package's compiled wrapper has its own copy of libstdc++: no
+    libstdc++.so among the libraries it asks the loader for."""
+    with zipfile.ZipFile(package_path) as package:
+        wrappers = [package.read(n) for n in package.namelist() if n.endswith(".so")]
+    return bool(wrappers) and all(b"libstdc++.so" not in w for w in wrappers)
+
+
+def test_aoti_package_runs_in_fresh_process(aoti, device):
+    if device == "cuda" and _wrapper_carries_libstdcxx(aoti.path):
+        # Seen on the H100/H200 machines (torch 2.11), whose g++ links libstdc++
+        # statically into the wrapper: loaded from Python, any CUDA package
+        # crashes in the wrapper's own std::regex (a package of nn.Linear alone,
+        # without this library, too); examples/aoti_cpp runs ours correctly.
+        pytest.xfail("the package's wrapper carries its own libstdc++; CUDA packages crash when Python loads them")
     without = _fresh_process(aoti, import_ours=False)
     assert without.returncode != 0, "the package ran although torch_flash_backend was not loaded"
     assert "torch_flash_backend" in without.stderr, without.stderr[-4000:]
