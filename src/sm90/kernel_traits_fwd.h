@@ -131,7 +131,8 @@ struct FwdTraits {
 // 227 KB. Wider key tiles (176 at head dim 128, 112 at 192) gain a few % at
 // 16K keys and lose more at 1-2K, where the last tile is mostly padding. Head
 // dim 256 takes 80-key tiles (+1-6% without a mask at every length, +2-3%
-// causal from 2K) but 64-key ones for causal calls up to 1K queries (+2-7%). Head dim 64 takes three consumer warpgroups (192 query rows): its
+// causal from 2K) but 64-key ones for causal calls up to 1K queries (+2-7%).
+// Head dim 64 takes three consumer warpgroups (192 query rows): its
 // tiles are light in registers and heavy in softmax work per FLOP; but under a
 // causal mask 192-row tiles cut the diagonal coarsely (at 1K queries a third
 // of the work they do is masked out), and up to 2K queries 128-row tiles win.
