@@ -7,7 +7,8 @@
 //
 // compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
 // shared memory), the mask, the online softmax, and O += P V (wgmma with P
-// from registers). Two overlaps hide the softmax: within a warpgroup, the
+// from registers). The running max is lazy (OnlineSoftmax::update_stats_lazy),
+// so most key tiles leave O unscaled. Two overlaps hide the softmax: within a warpgroup, the
 // softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
 // across warpgroups, they take turns issuing GEMMs, so one's softmax runs
 // while the other's GEMMs do. Key tiles are visited from the last to the
@@ -166,9 +167,10 @@ struct FwdMainloop {
     pipeline_k.consumer_release(read);
     release_q(n_end - 1);
     mask_scores(acc_s, n_end - 1);
+    Tensor correction = make_tensor_like(softmax.row_max);
     {
       Tensor s = acc_rowcol(acc_s);
-      softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
+      softmax.update_stats_lazy(s, scale_log2, correction);  // O is still zero: nothing to rescale
     }
     Tensor p_regs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -191,13 +193,15 @@ struct FwdMainloop {
       release_q(n_block);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
-      Tensor correction = softmax.update_stats(s, scale_log2);
+      const bool rescale = softmax.update_stats_lazy(s, scale_log2, correction);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
-      Tensor o = acc_rowcol(acc_o);
-      sm80::scale_rows(o, correction);
+      if (rescale) {
+        Tensor o = acc_rowcol(acc_o);
+        sm80::scale_rows(o, correction);
+      }
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;
