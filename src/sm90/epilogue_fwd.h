@@ -1,6 +1,7 @@
-// The forward's epilogue: normalised O goes registers -> shared memory
-// (stmatrix; O's own buffer, or Q's when only that fits) -> global memory
-// with one TMA store, which also drops the rows past the sequence end. The
+// The forward's epilogue: each consumer warpgroup sends its 64 rows of
+// normalised O registers -> shared memory (stmatrix; O's own buffer, or Q's
+// when only that fits) -> global memory with one TMA store, which also drops
+// the rows past the sequence end; the warpgroups never wait for each other. The
 // logsumexp goes straight from registers to global memory.
 #pragma once
 
@@ -31,30 +32,34 @@ struct FwdEpilogue {
                                 Lse const& lse, TileScheduler::Tile const& tile, int thread_idx) {
     typename Traits::MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+    const int warpgroup = thread_idx / 128;
+    const int warpgroup_thread = thread_idx % 128;
+    const int barrier = int(Barrier::kEpilogue) + warpgroup;
 
-    // O's buffer is free once every consumer's last Q K^T has read it (when
-    // it is Q's) or the previous tile's store has (when it is O's own).
-    if (Traits::kSeparateO && thread_idx == 0) tma_store_wait<0>();
-    named_barrier_sync(int(Barrier::kEpilogue), Traits::kConsumerThreads);
-    Tensor sO = make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutQ{});
+    // This warpgroup's slab is free once its previous store has read it (O's
+    // own buffer) or once its last Q K^T has (Q's buffer): both are its own.
+    if (Traits::kSeparateO && warpgroup_thread == 0) tma_store_wait<0>();
+    named_barrier_sync(barrier, 128);
+    Tensor sO = local_tile(make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutQ{}),
+                           Shape<_64, Int<kHeadDim>>{}, make_coord(warpgroup, 0));
     Tensor o_regs = convert_fragment<Element>(acc_o);
-    auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-    auto thr_store = store_o.get_thread_slice(thread_idx);
+    auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::MmaPVWarpgroup{});
+    auto thr_store = store_o.get_thread_slice(warpgroup_thread);
     copy(store_o, thr_store.retile_S(o_regs), thr_store.partition_D(sO));
     // stmatrix writes through the generic proxy; the TMA store reads through
     // the async proxy.
     cutlass::arch::fence_view_async_shared();
-    named_barrier_sync(int(Barrier::kEpilogue), Traits::kConsumerThreads);
+    named_barrier_sync(barrier, 128);
 
-    if (thread_idx == 0) {
+    if (warpgroup_thread == 0) {
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(tile.m_block, 0));
+      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<_64, Int<kHeadDim>>{},
+                             make_coord(tile.m_block * Traits::kConsumerWarpgroups + warpgroup, 0));
       auto thr_tma = p.tma_o.get_slice(0);
       copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
       tma_store_arrive();
       if constexpr (!Traits::kSeparateO) {
-        // The next tile's Q may land in this buffer once the store has read it.
+        // The next tile's Q may land in these rows once the store has read them.
         tma_store_wait<0>();
         shared.q_free.arrive();
       }

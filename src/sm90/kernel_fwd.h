@@ -45,9 +45,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
     cute::prefetch_tma_descriptor(p.mainloop.tma_v.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.epilogue.tma_o.get_tma_descriptor());
     shared.q_full.init(1);
-    // Separate O: each consumer warpgroup frees Q after its last Q K^T.
-    // Otherwise the thread that stores O frees it.
-    shared.q_free.init(Traits::kSeparateO ? Traits::kConsumerWarpgroups : 1);
+    // Each consumer warpgroup frees Q: after its last Q K^T (separate O), else
+    // once its O store has read the buffer.
+    shared.q_free.init(Traits::kConsumerWarpgroups);
   }
 
   typename Pipeline::Params pipeline_params;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
       Epilogue::store(p.epilogue, shared, acc_o, lse, tile, thread_idx);
     }
     // The last O store reads shared memory until it completes.
-    if (thread_idx == 0) tma_store_wait<0>();
+    if (thread_idx % 128 == 0) tma_store_wait<0>();
     // Consume the turn the last consumer handed out at start, so no arrival is left
     // pending on the barrier when the CTA exits.
     if constexpr (Traits::kConsumerWarpgroups > 1) {

@@ -120,10 +120,19 @@ struct FwdTraits {
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKVStage{},
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  // Each consumer warpgroup stores its own 64 rows of O from their slab of a
+  // Q-shaped buffer: in Q's buffer, the slab holds exactly the Q rows that
+  // warpgroup alone reads, so no warpgroup waits for another at a tile's end.
+  using SmemLayoutOSlab =
+      decltype(composition(SmemLayoutQ{}, Layout<Shape<_64, Int<kHeadDim>>, Stride<_1, Int<kBlockM>>>{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{},
                                       make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
                                                   GmemStride{}),
-                                      SmemLayoutQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
+                                      SmemLayoutOSlab{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
+  // P V's tiling for one warpgroup: the stmatrix partition of its slab.
+  using MmaPVWarpgroup = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
+                           GMMA::Major::MN>()));
 };
 
 // Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/RESULTS.md,

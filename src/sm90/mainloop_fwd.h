@@ -30,8 +30,8 @@ namespace sm90 {
 
 // Named barrier ids (0 is __syncthreads).
 enum class Barrier : int {
-  kEpilogue = 1,      // the consumer warpgroups, around the O tile in shared memory
-  kWarpgroupTurn = 2  // + consumer warpgroup index: whose turn it is to issue Q K^T
+  kEpilogue = 1,      // + consumer warpgroup index: its warps, around its O rows in shared memory
+  kWarpgroupTurn = 4  // + consumer warpgroup index: whose turn it is to issue Q K^T
 };
 
 template <class Traits>
