@@ -21,6 +21,10 @@ for commit in ${BASE:-}; do
   bases+=("$sha")
   # Extracted files carry the commit's time, so objects built from them stay valid.
   [[ -d base_$sha ]] || { mkdir base_$sha && git -C "$ROOT" archive "$sha" src | tar -x -C base_$sha; }
+  # The renamed launchers check the call with the working tree's can_run_fwd.
+  printf '#include "api.h"\nnamespace tfb { namespace sm90_%s {\nbool can_run_fwd(const AttnFwdParams& p) { return sm90::can_run_fwd(p); }\n} }\n' \
+    "$sha" > api_$sha.cu
+  [[ -f api_$sha.o ]] || $NVCC $FLAGS -I"$ROOT/src" -c api_$sha.cu -o api_$sha.o
 done
 for e in 64 128; do  # the reference the variants are checked against
   [[ -f sm80_$e.o ]] || $NVCC $FLAGS -I"$ROOT/src" -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o sm80_$e.o
@@ -58,5 +62,5 @@ src, dst, decls, table = sys.argv[1:]
 open(dst, "w").write(open(src).read().replace("//DECLS", decls).replace("//TABLE", table))
 PY
 $NVCC $FLAGS -I"$ROOT/src" -c main.cu -o main.o
-$NVCC -gencode=arch=compute_90a,code=sm_90a main.o api_sm90.o sm80_*.o $objs -o run
+$NVCC -gencode=arch=compute_90a,code=sm_90a main.o api_*.o sm80_*.o $objs -o run
 echo "built $OUT/run"

@@ -7,8 +7,9 @@
 //
 // compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
 // shared memory), the mask, the online softmax, and O += P V (wgmma with P
-// from registers). The running max is lazy (OnlineSoftmax::update_stats_lazy),
-// so most key tiles leave O unscaled. Two overlaps hide the softmax: within a warpgroup, the
+// from registers). From head dim 96 the running max is lazy
+// (OnlineSoftmax::update_stats_lazy), so most key tiles leave O unscaled.
+// Two overlaps hide the softmax: within a warpgroup, the
 // softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
 // across warpgroups, they take turns issuing GEMMs, so one's softmax runs
 // while the other's GEMMs do. Key tiles are visited from the last to the
@@ -168,9 +169,18 @@ struct FwdMainloop {
     release_q(n_end - 1);
     mask_scores(acc_s, n_end - 1);
     Tensor correction = make_tensor_like(softmax.row_max);
+    // Returns whether O needs scaling by `correction`.
+    auto update_softmax = [&](auto& s) {
+      if constexpr (Traits::kLazyMax) {
+        return softmax.update_stats_lazy(s, scale_log2, correction);
+      } else {
+        copy(softmax.update_stats(s, scale_log2), correction);
+        return true;
+      }
+    };
     {
       Tensor s = acc_rowcol(acc_s);
-      softmax.update_stats_lazy(s, scale_log2, correction);  // O is still zero: nothing to rescale
+      update_softmax(s);  // O is still zero: nothing to rescale
     }
     Tensor p_regs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -193,7 +203,7 @@ struct FwdMainloop {
       release_q(n_block);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
-      const bool rescale = softmax.update_stats_lazy(s, scale_log2, correction);
+      const bool rescale = update_softmax(s);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
