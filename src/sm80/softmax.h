@@ -74,40 +74,6 @@ struct OnlineSoftmax {
     return correction;
   }
 
-  // update_stats with a lazy max: a row's running max moves only when the new
-  // tile's max exceeds it by more than 2^kLazyGrowthLog2 after scaling.
-  // Until then the probabilities are taken against the stale max and are at
-  // most 2^8, far inside fp32 (sums, O) and fp16/bf16 (P) range, and the
-  // normalised result is the same. Random scores settle within a key tile or
-  // two, so O is rarely rescaled. Writes the per-row factor O must be scaled
-  // by into `correction` and returns whether any row of this warp moved
-  // (warp-uniform): only then does O need scaling at all.
-  static constexpr float kLazyGrowthLog2 = 8.f;
-
-  template <class RowColS, class Correction>
-  CUTE_DEVICE bool update_stats_lazy(RowColS& s, float scale_log2, Correction& correction) {
-    static_assert(decltype(size<0>(s))::value == kRows);
-    Tensor new_max = make_tensor_like(row_max);
-    copy(row_max, new_max);
-    reduce_rows_local(s, new_max, MaxOp{});
-    Tensor max_scaled = make_tensor_like(row_max);
-    bool moved = false;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      new_max(r) = lane_allreduce<4>(new_max(r), MaxOp{});
-      const bool unset = row_max(r) == -INFINITY;  // no visible key yet: O and the sum are 0
-      const bool move = unset ? new_max(r) != -INFINITY : (new_max(r) - row_max(r)) * scale_log2 > kLazyGrowthLog2;
-      correction(r) = unset ? 0.f : (move ? exp2f((row_max(r) - new_max(r)) * scale_log2) : 1.f);
-      row_sum(r) *= correction(r);
-      row_max(r) = move ? new_max(r) : row_max(r);
-      max_scaled(r) = row_max(r) == -INFINITY ? 0.f : row_max(r) * scale_log2;
-      moved |= move;
-    }
-    exp2_rows(s, max_scaled, scale_log2);
-    reduce_rows_local(s, row_sum, SumOp{});
-    return __any_sync(0xffffffffu, moved);
-  }
-
   // Normalises acc_o and returns, per row, the natural-log logsumexp of the
   // scaled scores: max * scale + ln(sum). A row that saw no key gets output 0
   // and lse -inf.

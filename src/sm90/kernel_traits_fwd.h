@@ -30,20 +30,13 @@ constexpr auto k_major_smem_atom() {
   }
 }
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_,
-          bool kLazyMax_ = (kHeadDim_ >= 96)>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
-  // The softmax's running max moves only on large growth, so O is rarely
-  // rescaled (OnlineSoftmax::update_stats_lazy). What that saves grows with
-  // the head dim (O's row length); the vote and selects that decide it do
-  // not. Harness: -3 to -5% at head dim 64, within 1% at 96 and 128, +1-2%
-  // at 192, +2-5% at 256.
-  static constexpr bool kLazyMax = kLazyMax_;
 
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;

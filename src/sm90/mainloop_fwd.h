@@ -7,9 +7,7 @@
 //
 // compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
 // shared memory), the mask, the online softmax, and O += P V (wgmma with P
-// from registers). From head dim 96 the running max is lazy
-// (OnlineSoftmax::update_stats_lazy), so most key tiles leave O unscaled.
-// Two overlaps hide the softmax: within a warpgroup, the
+// from registers). Two overlaps hide the softmax: within a warpgroup, the
 // softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
 // across warpgroups, they take turns issuing GEMMs, so one's softmax runs
 // while the other's GEMMs do. Key tiles are visited from the last to the
@@ -168,19 +166,9 @@ struct FwdMainloop {
     pipeline_k.consumer_release(read);
     release_q(n_end - 1);
     mask_scores(acc_s, n_end - 1);
-    Tensor correction = make_tensor_like(softmax.row_max);
-    // Returns whether O needs scaling by `correction`.
-    auto update_softmax = [&](auto& s) {
-      if constexpr (Traits::kLazyMax) {
-        return softmax.update_stats_lazy(s, scale_log2, correction);
-      } else {
-        copy(softmax.update_stats(s, scale_log2), correction);
-        return true;
-      }
-    };
     {
       Tensor s = acc_rowcol(acc_s);
-      update_softmax(s);  // O is still zero: nothing to rescale
+      softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
     }
     Tensor p_regs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -203,15 +191,13 @@ struct FwdMainloop {
       release_q(n_block);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
-      const bool rescale = update_softmax(s);
+      Tensor correction = softmax.update_stats(s, scale_log2);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
-      if (rescale) {
-        Tensor o = acc_rowcol(acc_o);
-        sm80::scale_rows(o, correction);
-      }
+      Tensor o = acc_rowcol(acc_o);
+      sm80::scale_rows(o, correction);
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;
