@@ -67,8 +67,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
-       mO.shape(), a.lse,
-       a.len_q, a.heads_q},
+       mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
       {a.len_q, a.len_k, a.is_causal},
       a.scale};
