@@ -27,7 +27,8 @@ def grid(head_dims):
                     k = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
                     v = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
                     out, lse = ops.fwd(q, k, v, None, causal)
-                    ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
+                    if l < 1000:  # the backward is sm80's in both passes: the small shapes cover it
+                        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
     torch.cuda.synchronize()
 
 
