@@ -2,7 +2,8 @@
 # Builds a standalone binary timing sm90 forward tile variants against the sm80
 # forward on the benchmark grid's shapes (torch-free: the launchers of src/ alone).
 #   bash benchmarks/sm90_tiles/build.sh [variants.txt]   # then run ./build/sm90_tiles/run
-# Each line of the variants file: name head_dim block_m block_n stages.
+# Each line of the variants file: name head_dim block_m block_n stages, where
+# stages may carry further FwdTraits arguments ("2,true": Q from registers).
 # With BASE="<commit> ...", each variant is also built from each commit's src/
 # (as <name>_<commit>, its kernels in namespaces renamed so all link into one
 # binary), and the versions are timed in turns. OUT=<dir> builds elsewhere.

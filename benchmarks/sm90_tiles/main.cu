@@ -4,7 +4,9 @@
 // round, median of 15 rounds), so all see the same card states. Head dims 64
 // and 128 are checked against the sm80 forward on the same inputs; every
 // variant against the first one of its head dim (outputs poisoned before each
-// launch).
+// launch). With SUSTAIN_S=<seconds>, each variant then also runs the 16K shapes
+// back to back for that long (twice, in turns), reporting the rate over the
+// second half: the rate at the card's power cap, which short timings miss.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +39,26 @@ static void diff(const std::vector<bf>& a, const std::vector<bf>& b, double* max
     const float x = float(a[i]);
     if (!(x == x)) ++*nan; else *maxd = std::max(*maxd, (double)std::fabs(x - float(b[i])));
   }
+}
+
+// TFLOP/s over the second half of `seconds` of back-to-back calls.
+static double sustained(cudaError_t (*fn)(const tfb::AttnFwdParams&, cudaStream_t), const tfb::AttnFwdParams& p,
+                        double flops, double seconds) {
+  double rate = 0;
+  for (int half = 0; half < 2; ++half) {
+    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+    cudaEventRecord(a);
+    long calls = 0; float ms = 0;
+    while (ms < seconds * 500) {
+      for (int i = 0; i < 8; ++i) fn(p, 0);
+      calls += 8;
+      cudaEventRecord(b); cudaEventSynchronize(b); cudaEventElapsedTime(&ms, a, b);
+    }
+    rate = flops * calls / ms / 1e9;
+    cudaEventDestroy(a); cudaEventDestroy(b);
+  }
+  CK(cudaGetLastError());
+  return rate;
 }
 
 int main(int argc, char** argv) {
@@ -83,6 +105,13 @@ int main(int argc, char** argv) {
           const float ms = ts[i][ts[i].size() / 2];
           printf("%-22s E%-3d causal=%d L=%-5d %6.1f TFLOP/s  vs %s: max|diff| %.3g, NaN %zu\n", group[i].name, E, causal,
                  L, flops / ms / 1e9, ref.empty() ? group[0].name : "sm80", maxd[i], nan[i]);
+        }
+        if (L == 16384 && getenv("SUSTAIN_S")) {
+          const double seconds = atof(getenv("SUSTAIN_S"));
+          for (int pass = 0; pass < 2; ++pass)
+            for (auto& v : group)
+              printf("%-22s E%-3d causal=%d L=%-5d %6.1f TFLOP/s sustained %.0f s (pass %d)\n", v.name, E, causal, L,
+                     sustained(v.fn, p, flops, seconds), seconds, pass);
         }
         cudaFree((void*)p.q); cudaFree((void*)p.k); cudaFree((void*)p.v); cudaFree(o); cudaFree(p.lse);
       }

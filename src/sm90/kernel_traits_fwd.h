@@ -30,13 +30,16 @@ constexpr auto k_major_smem_atom() {
   }
 }
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kQInRegisters_ = false>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  // Q K^T reads Q from registers (loaded once per query tile) instead of
+  // shared memory: a fifth fewer shared-memory operand bytes per key tile.
+  static constexpr bool kQInRegisters = kQInRegisters_;
 
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
@@ -54,10 +57,13 @@ struct FwdTraits {
                     65536 / kThreads / 8 * 8 * kThreads,
                 "register split exceeds the launch allocation");
 
-  // S = Q K^T: both operands from shared memory, K-major (head dim contiguous).
-  using MmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
-      Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  // S = Q K^T: K from shared memory, Q from shared memory or registers; both
+  // K-major (head dim contiguous).
+  using MmaQKAtom = std::conditional_t<
+      kQInRegisters,
+      decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>()),
+      decltype(GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>())>;
+  using MmaQK = decltype(make_tiled_mma(MmaQKAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
   // One wgmma must span the whole key tile: split into narrower ones it runs at a
   // fraction of the rate. CuTe names widths such as 80 or 176 only under
   // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which the build defines.
@@ -163,8 +169,11 @@ struct FwdConfig<Element, 64>
     : TileChoice<FwdTraits<Element, 64, 192, 128, 2>, FwdTraits<Element, 64, 128, 128, 2>, 2048> {};
 template <typename Element>
 struct FwdConfig<Element, 96> : TileChoice<FwdTraits<Element, 96, 128, 128, 2>> {};
+// Head dim 128 reads Q from registers (+2% sustained at 16K keys, +1-2% from
+// 2K; its 32 registers fit beside S, P and O). Head dim 96 gains nothing, 64
+// loses 1-4% (at 192 rows it spills), and 192/256 have no registers for it.
 template <typename Element>
-struct FwdConfig<Element, 128> : TileChoice<FwdTraits<Element, 128, 128, 128, 2>> {};
+struct FwdConfig<Element, 128> : TileChoice<FwdTraits<Element, 128, 128, 128, 2, true>> {};
 template <typename Element>
 struct FwdConfig<Element, 192> : TileChoice<FwdTraits<Element, 192, 128, 96, 2>> {};
 template <typename Element>

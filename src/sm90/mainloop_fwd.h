@@ -5,8 +5,8 @@
 // completing on its own mbarrier (PipelineTmaAsync). K and V have separate
 // barriers so S = Q K^T can start before V has landed.
 //
-// compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma from
-// shared memory), the mask, the online softmax, and O += P V (wgmma with P
+// compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma, K
+// from shared memory, Q from shared memory or registers), the mask, the online softmax, and O += P V (wgmma with P
 // from registers). Two overlaps hide the softmax: within a warpgroup, the
 // softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
 // across warpgroups, they take turns issuing GEMMs, so one's softmax runs
@@ -154,6 +154,11 @@ struct FwdMainloop {
     clear(acc_o);
     const int n_end = mask.n_block_end(m_block);
     shared.q_full.wait(local_tile_count & 1);
+    if constexpr (Traits::kQInRegisters) {  // once per query tile
+      auto load_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
+      auto thr_load_q = load_q.get_thread_slice(thread_idx);
+      copy(load_q, thr_load_q.partition_S(sQ), thr_load_q.retile_D(tSrQ));
+    }
 
     // The last key tile alone: its P seeds the loop.
     Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
