@@ -196,13 +196,21 @@ struct FwdMainloop {
       release_q(n_block);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
+      Tensor old_max = make_tensor_like(softmax.row_max);
+      copy(softmax.row_max, old_max);
       Tensor correction = softmax.update_stats(s, scale_log2);
+      // Past the first few key tiles a row's max rarely moves; where no row of
+      // the warp's moved, every factor is 1 (to an ulp) and O is left as it is.
+      bool max_moved = false;
+      CUTE_UNROLL
+      for (int r = 0; r < size(old_max); ++r) max_moved |= softmax.row_max(r) != old_max(r);
+      max_moved = __any_sync(0xffffffff, max_moved);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       Tensor o = acc_rowcol(acc_o);
-      sm80::scale_rows(o, correction);
+      if (max_moved) sm80::scale_rows(o, correction);
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;
