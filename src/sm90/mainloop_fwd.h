@@ -199,12 +199,13 @@ struct FwdMainloop {
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);
       Tensor correction = softmax.update_stats(s, scale_log2);
-      // Past the first few key tiles a row's max rarely moves; where no row of
-      // the warp's moved, every factor is 1 (to an ulp) and O is left as it is.
-      bool max_moved = false;
-      CUTE_UNROLL
-      for (int r = 0; r < size(old_max); ++r) max_moved |= softmax.row_max(r) != old_max(r);
-      max_moved = __any_sync(0xffffffff, max_moved);
+      bool max_moved = true;
+      if constexpr (Traits::kSkipUnitRescale) {
+        max_moved = false;
+        CUTE_UNROLL
+        for (int r = 0; r < size(old_max); ++r) max_moved |= softmax.row_max(r) != old_max(r);
+        max_moved = __any_sync(0xffffffff, max_moved);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_o);
       warpgroup_fence_operand(tOrP);
