@@ -53,7 +53,7 @@ while read -r name e m n stages src renames; do
   table+="{\"$name\", $e, &$name}, "
   [[ -f "v_$name.o" ]] && continue
   while (( $(jobs -rp | wc -l) >= ${JOBS:-2} )); do wait -n || true; done
-  { $NVCC $FLAGS -I"$src" $renames -Xptxas -v -c "v_$name.cu" -o "v_$name.o" 2>&1 | grep -E "error|spill" | sed "s/^/$name: /"; } &
+  { $NVCC $FLAGS -I"$src" $renames -Xptxas -v -c "v_$name.cu" -o "v_$name.o" 2>&1 | grep -E "error|spill|serialized" | sed "s/^/$name: /"; } &
 done < variants.resolved
 wait
 for o in $objs; do [[ -f $o ]] || { echo "$o failed to build"; exit 1; }; done
