@@ -108,6 +108,29 @@ def test_causal_tile_walk(family, head_dim):
         check(1, 4, 2, len_q, len_k, head_dim, torch.bfloat16, True, "blhe")
 
 
+@pytest.mark.parametrize("head_dim", (128, 256))
+def test_row_max_moves_on_the_last_key_tiles(family, head_dim):
+    """The sm90 forward visits key tiles from the last to the first, and at head dim
+    256 skips O's rescale for a warp none of whose rows moved its max. Here the first
+    40 keys share a direction with the queries of every third 16-row group (one warp's
+    rows of a 64-row slab), so those rows find their max on the last tiles visited
+    while the other warps' rows see ordinary scores."""
+    require_kernel(family, torch.bfloat16, head_dim)
+    torch.manual_seed(head_dim + 2)
+    len_q, len_k = 700, 2000
+    q = randn(1, 2, len_q, head_dim, torch.bfloat16, "blhe")
+    k = randn(1, 2, len_k, head_dim, torch.bfloat16, "blhe")
+    v = randn(1, 2, len_k, head_dim, torch.bfloat16, "blhe")
+    u = torch.randn(head_dim, device="cuda")
+    u = (u * head_dim**0.5 / u.norm()).to(torch.bfloat16)
+    rows = (torch.arange(len_q, device="cuda") // 16) % 3 == 0
+    q[:, :, rows] += u
+    k[:, :, :40] += u
+    out, lse = fwd(q, k, v)
+    torch.cuda.synchronize()
+    check_out(f"late max E={head_dim}", q, k, v, out, lse)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

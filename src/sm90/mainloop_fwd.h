@@ -6,8 +6,8 @@
 // barriers so S = Q K^T can start before V has landed.
 //
 // compute(): each consumer warpgroup runs, per key tile, S = Q K^T (wgmma, K
-// from shared memory, Q from shared memory or registers), the mask, the online softmax, and O += P V (wgmma with P
-// from registers). Two overlaps hide the softmax: within a warpgroup, the
+// from shared memory, Q from shared memory or registers), the mask, the online
+// softmax, and O += P V (wgmma with P from registers). Two overlaps hide the softmax: within a warpgroup, the
 // softmax of tile j runs while P V of tile j+1 is still on the tensor cores;
 // across warpgroups, they take turns issuing GEMMs, so one's softmax runs
 // while the other's GEMMs do. Key tiles are visited from the last to the
