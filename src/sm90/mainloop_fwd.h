@@ -9,10 +9,10 @@
 // from shared memory, Q from shared memory or registers), the mask, the online
 // softmax, and O += P V (wgmma with P from registers). Two overlaps hide the
 // softmax: within a warpgroup, the softmax of tile j runs while P V of tile
-// j+1 is still on the tensor cores; across warpgroups, they take turns issuing GEMMs, so one's softmax runs
-// while the other's GEMMs do. Key tiles are visited from the last to the
-// first, so the tiles that need the causal or length mask come first and the
-// rest run without per-element checks.
+// j+1 is still on the tensor cores; across warpgroups, they take turns
+// issuing GEMMs, so one's softmax runs while the other's GEMMs do. Key tiles
+// are visited from the last to the first, so the tiles that need the causal or
+// length mask come first and the rest run without per-element checks.
 #pragma once
 
 #include <cute/tensor.hpp>
