@@ -11,8 +11,8 @@ a card at its cap), samples power and clock with nvidia-smi every 100 ms, and
 prints TFLOP/s, mean power, mean clock, TFLOP/s per kW and FLOP per clock cycle
 per SM (how much each clock does: the clock-independent part of the speed).
 Same shapes and inputs as bench_sdpa.py. A bf16 GEMM (8192 cubed, torch.mm) runs
-first the same way: its TFLOP/s per kW is what the tensor cores alone do per
-joule on this card, the ceiling for any attention forward's.
+first the same way: its TFLOP/s per kW, the tensor cores' work per joule with
+little else running, is the yardstick for the attention forwards' on this card.
 """
 import argparse
 import subprocess
