@@ -43,6 +43,12 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   m.def(
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " float? scale=None, bool is_causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
+  // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
+  // sends aten::scaled_dot_product_attention here.
+  m.def(
+      "route_sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0,"
+      " bool is_causal=False, float? scale=None, bool enable_gqa=False, bool strict=False) -> Tensor");
   // Names of the compiled CUDA kernel instantiations, e.g. "sm80_fwd_bf16_hdim128".
   m.def("built_kernels() -> str[]", &built_kernels);
 }

@@ -47,6 +47,10 @@ struct AttnBwdParams : AttnFwdParams {
   // Scratch the caller allocates with bwd_workspace_bytes(); no initial
   // contents are assumed (the kernels clear what they accumulate into).
   void* workspace;
+
+  // dQ summed in a fixed order, so that every run gives the same bits
+  // (torch.use_deterministic_algorithms); the workspace grows with it.
+  bool deterministic;
 };
 
 enum class DType { kFloat16, kBFloat16 };

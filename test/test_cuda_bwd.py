@@ -182,7 +182,7 @@ def test_grads_through_forward_and_backward(dtype, head_dim, case, families):
             decision = tfb.explain(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
             expected = (f"{forward_family}_fwd_{dn}_hdim{head_dim}", f"sm80_bwd_{dn}_hdim{head_dim}")
             assert (decision.kernel, decision.backward_kernel) == expected, str(decision)
-        out = tfb.flash_attn(q, k, v, is_causal=causal, scale=scale)
+        out = tfb.flash_attn(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
         ours = torch.autograd.grad(out, (q, k, v), dout)
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

@@ -212,6 +212,54 @@ def test_compiled_function_recompiles_across_enable_not_per_call():
     torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
 
 
+def _graph_ops(gm):
+    return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_enable_inside_fullgraph_with_statement(strict):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+
+        def fw(g, _):
+            graphs.append(_graph_ops(g))
+            return g.forward
+
+        return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+    @torch.compile(fullgraph=True, backend=backend)
+    def attend(q, k, v):
+        with tfb.enable(strict=strict):
+            inside = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return inside + F.scaled_dot_product_attention(q, k, v)
+
+    q, k, v = qkv()
+    torch._dynamo.reset()
+    out = attend(q, k, v)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True) + F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert any("torch_flash_backend.fwd.default" in ops for ops in graphs), graphs
+    assert routed() >= 1 and not _enable.is_installed()
+
+
+def test_enable_inside_fullgraph_as_decorator():
+    counter = CompileCounterWithBackend("aot_eager")
+
+    @torch.compile(fullgraph=True, backend=counter)
+    @tfb.enable()
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = qkv()
+    torch._dynamo.reset()
+    out = attend(q, k, v)
+    attend(q, k, v)
+    assert counter.frame_count == 1 and routed() >= 1
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 def test_cuda_eval_fast_paths_routed():
     torch.manual_seed(0)

@@ -83,7 +83,7 @@ def test_flash_attn_matches_reference(causal, hkv):
     q = make(2, 4, 40, 32, torch.float32, "blhe", requires_grad=True)
     k = make(2, hkv, 50, 32, torch.float32, "bhle", requires_grad=True)
     v = make(2, hkv, 50, 32, torch.float32, "offset", requires_grad=True)
-    out = tfb.flash_attn(q, k, v, is_causal=causal)
+    out = tfb.flash_attn(q, k, v, is_causal=causal, enable_gqa=hkv != 4)
     ref, _ = attention_ref(q, k, v, is_causal=causal)
     torch.testing.assert_close(out, ref.float(), atol=1e-5, rtol=1e-5)
     grad = torch.randn_like(out)

@@ -110,7 +110,7 @@ def test_head_dims_differ(fake):
 
 
 def test_head_dim_not_built(fake):
-    assert "no forward kernel was built for bf16 head dim 72" in reason(*qkv(e=72))
+    assert "no kernel has head dim 72 for bf16; head dims built: 32, 64, 96, 128, 192, 256" in reason(*qkv(e=72))
 
 
 def test_attn_mask(fake):
@@ -128,12 +128,16 @@ def test_gqa_needs_flag(fake):
 
 
 def test_gqa_ratio(fake):
-    assert "not a multiple" in reason(*qkv(hq=6, hkv=4), enable_gqa=True)
+    # PyTorch's SDPA rejects it too: an error naming the argument, not a fallback.
+    with pytest.raises(ValueError, match=r"key's head count \(size -3, here 4\) to divide query's \(6\)"):
+        reason(*qkv(hq=6, hkv=4), enable_gqa=True)
 
 
 def test_shape_mismatch(fake):
     q, k, v = qkv()
-    assert "shapes do not match" in reason(q, k, v[:, :, :10])
+    with pytest.raises(ValueError, match=r"value's length \(size -2\) is 10 but key's is 64"):
+        reason(q, k, v[:, :, :10])
+    assert "shapes do not match" in reason(q, k[:1], v[:1])
 
 
 def test_last_dim_not_contiguous(fake):
@@ -246,7 +250,7 @@ def test_sm90_only_on_hopper(fake, capability):
             d = tfb.explain(*qkv(e=128, requires_grad=grad))
             assert d.kernel == "sm80_fwd_bf16_hdim128", str(d)
     with testing.pretend_cuda(capability=capability, kernels=SM90_FWD):
-        assert "no forward kernel was built for bf16 head dim 128" in reason(*qkv(e=128))
+        assert "no kernel has head dim 128 for bf16" in reason(*qkv(e=128))
 
 
 def test_kernel_families_pins_sm80(fake):
@@ -269,8 +273,8 @@ def test_kernel_families_pins_sm90(fake):
         assert reason(*qkv(e=128, requires_grad=True)) == (
             "inputs require grad but no backward kernel was built for bf16 head dim 128 "
             "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
-        assert reason(*qkv(e=32)) == ("no forward kernel was built for bf16 head dim 32 "
-                                      "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
+        assert reason(*qkv(e=32)) == ("no kernel has head dim 32 for bf16 (families allowed by "
+                                      "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 96, 128, 192, 256")
     with testing.pretend_cuda(capability=(8, 0)), testing.kernel_families("sm90"):
         assert "TFB_KERNEL_FAMILIES='sm90' allows none of the kernel families for compute capability 8.0" \
             in reason(*qkv())

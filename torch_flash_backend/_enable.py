@@ -1,14 +1,16 @@
 """enable(): routes the SDPA calls made in this thread to our ops.
 
-Routing sits in the dispatcher, not in Python: while any thread is inside
-enable(), a Python kernel overrides aten::scaled_dot_product_attention at the
-autograd and backend keys of CPU and CUDA. That also catches the calls made from
-C++ (nn.MultiheadAttention and nn.TransformerEncoderLayer fast paths) and the
-calls torch.compile traces with FakeTensors, so its graphs hold
-torch_flash_backend::fwd (torch.export: see _Routing). Threads outside enable() get exactly what PyTorch
-would have run: the op's CompositeImplicitAutograd kernel.
+Routing sits in the dispatcher, not in Python: the op library gives
+aten::scaled_dot_product_attention a kernel at the autograd and backend keys of
+CPU and CUDA (csrc/routing.cpp), registered once when it loads. Outside enable()
+that kernel calls PyTorch's own (CompositeImplicitAutograd) kernel; inside, it
+calls torch_flash_backend::route_sdpa, whose Python kernel below decides. That
+also catches the calls made from C++ (nn.MultiheadAttention and
+nn.TransformerEncoderLayer fast paths). enable() itself only pushes onto a
+thread-local stack, so any number of threads may enter and leave it while others
+run SDPA. torch.compile and torch.export: see _Routing.
 """
-import contextlib
+import functools
 import logging
 import threading
 
@@ -22,9 +24,6 @@ from .ops import _ops
 logger = logging.getLogger("torch_flash_backend")
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
-# Autograd keys see every call outside torch.inference_mode(); the backend keys
-# see the calls made inside it, which skip autograd.
-_DISPATCH_KEYS = ("AutogradCPU", "AutogradCUDA", "CPU", "CUDA")
 
 
 class UnsupportedError(RuntimeError):
@@ -40,17 +39,25 @@ class _Routing(TorchFunctionMode):
     makes a function compiled inside enable() recompile when called outside (and
     vice versa), without guarding on anything per call.
 
-    It passes every call through but one: torch.export keeps
-    aten::scaled_dot_product_attention whole in its graphs (it never reaches the
-    dispatcher-level kernel), so an SDPA call traced for export is routed here.
+    It passes every call through but SDPA's where the dispatcher-level switch
+    cannot see it: Dynamo traces this mode (also when enable() is entered inside
+    the compiled function), so there it emits route_sdpa, decided when
+    AOTAutograd traces the graph; torch.export keeps
+    aten::scaled_dot_product_attention whole in its graphs, so an SDPA call
+    traced for export is decided here.
     """
 
     strict = False
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and _exporting():
-            return _route_for_export(func, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            # torch.export(strict=True) traces with Dynamo too, and would keep
+            # route_sdpa whole: its SDPA call goes on to the dispatcher-level switch.
+            if torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting():
+                return _route_op(*args, strict=self.strict, **kwargs)
+            if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
+                return _route_for_export(func, args, kwargs, self.strict)
         return func(*args, **kwargs)
 
 
@@ -59,10 +66,9 @@ class _StrictRouting(_Routing):
     strict = True
 
 
-def _exporting() -> bool:
-    # Under torch.compile, Dynamo traces this mode; its calls are routed later,
-    # in the dispatcher, where the graph's backward is traced as well.
-    return torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling()
+def _route_op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+              *, strict):
+    return _ops.route_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict)
 
 
 _local = threading.local()
@@ -75,21 +81,21 @@ def _modes() -> list:
     return modes
 
 
-def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, fallback):
+def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback):
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     _stats.count(decision)
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
         return _ops.fwd(q, k, v, scale, is_causal)[0]
-    if _local.modes[-1].strict:
+    if strict:
         raise UnsupportedError(decision.reason)
     logger.debug("scaled_dot_product_attention falls back to PyTorch SDPA: %s", decision.reason)
     return fallback()
 
 
-def _route_for_export(func, args, kwargs):
+def _route_for_export(func, args, kwargs, strict):
     def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        return _route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, fallback)
+        return _route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback)
 
     def fallback():
         _local.decided = True  # the dispatcher-level kernel must not decide (and count) again
@@ -105,83 +111,90 @@ def _pytorch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _sdpa_kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    args = (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if not getattr(_local, "modes", None) or getattr(_local, "decided", False):
+def _route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                strict=False):
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if getattr(_local, "decided", False):
         return _pytorch_sdpa(*args)
-    return _route(*args, fallback=lambda: _pytorch_sdpa(*args))
+    return _route(*args, strict, fallback=lambda: _pytorch_sdpa(*args))
 
 
-def _forget_dispatch() -> None:
-    # The Python dispatcher (used when torch.compile traces) caches which kernel
-    # serves each dispatch key of an op; it must see our kernel come and go.
-    _SDPA._dispatch_cache.clear()
+# The decision, as route_sdpa's kernel: reached from csrc/routing.cpp in eager
+# code and from compiled graphs (_Routing), on every device and autograd key.
+_library = torch.library.Library("torch_flash_backend", "IMPL")  # noqa: TOR901
+_library.impl("route_sdpa", _route_sdpa, "CompositeImplicitAutograd")
+# The Python dispatcher caches which kernel serves each key of an op; the
+# library's own kernels for SDPA arrived when it loaded.
+_SDPA._dispatch_cache.clear()
 
-
-_install_lock = threading.Lock()
-_users = 0
-_library: torch.library.Library | None = None
-
-
-def _acquire() -> None:
-    global _users, _library
-    with _install_lock:
-        if _users == 0:
-            lib = torch.library.Library("aten", "IMPL")
-            for key in _DISPATCH_KEYS:
-                lib.impl("scaled_dot_product_attention", _sdpa_kernel, key)
-            _library = lib
-            _forget_dispatch()
-        _users += 1
-
-
-def _release() -> None:
-    global _users, _library
-    with _install_lock:
-        _users -= 1
-        if _users == 0:
-            _library._destroy()
-            _library = None
-            _forget_dispatch()
+_active_lock = threading.Lock()
+_active = 0  # enable() blocks entered and not yet left, over all threads
 
 
 def is_installed() -> bool:
-    """Whether the aten SDPA override is registered (some thread is inside enable())."""
-    return _library is not None
+    """Whether some thread is inside enable() (eager)."""
+    return _active > 0
 
 
-class enable(contextlib.ContextDecorator):
+def _count_active(delta: int) -> None:
+    global _active
+    with _active_lock:
+        _active += delta
+
+
+class enable:
     """Routes this thread's scaled_dot_product_attention calls to our kernels.
 
     A context manager and a decorator; nestable (the innermost strict setting
     applies) and thread-local. Calls that cannot be served run PyTorch's own SDPA
     (a DEBUG line on the "torch_flash_backend" logger gives the reason), or raise
-    UnsupportedError when strict=True.
+    UnsupportedError when strict=True. Also inside a function compiled with
+    torch.compile(fullgraph=True), as a with-statement or a decorator.
 
-    Wrap compiled functions from outside: a function compiled inside enable() is
-    recompiled when called outside it, and vice versa.
+    A function compiled outside enable() is recompiled when called inside it,
+    and vice versa, never per call.
     """
 
     def __init__(self, strict: bool = False):
         self.strict = bool(strict)
 
+    def __call__(self, fn):
+        # A fresh context manager per call, made inside the decorated function:
+        # Dynamo enters only context managers created inside the compiled region.
+        strict = self.strict
+
+        @functools.wraps(fn)
+        def routed(*args, **kwargs):
+            with enable(strict=strict):
+                return fn(*args, **kwargs)
+
+        return routed
+
     def __enter__(self):
         mode = _StrictRouting() if self.strict else _Routing()
-        _acquire()
+        if torch.compiler.is_dynamo_compiling():
+            mode.__enter__()  # traced: the mode routes the graph's SDPA calls
+            return self
+        mode.__enter__()
         try:
-            mode.__enter__()
+            _ops.routing_push(self.strict)
         except BaseException:
-            _release()
+            mode.__exit__(None, None, None)
             raise
         _modes().append(mode)
+        _count_active(1)
         return self
 
     def __exit__(self, *exc_info):
+        if torch.compiler.is_dynamo_compiling():
+            _Routing.__exit__(None, *exc_info)
+            return False
         mode = _modes().pop()
+        _count_active(-1)
         try:
-            mode.__exit__(*exc_info)
+            _ops.routing_pop()
         finally:
-            _release()
+            mode.__exit__(*exc_info)
         return False
 
 

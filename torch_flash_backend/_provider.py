@@ -11,13 +11,16 @@ which compiled graphs assert on; that costs a copy only when an input is not in
 the (B, L, H, E) memory layout our kernels write.
 """
 import dataclasses
+import logging
 import warnings
 
 import torch
 from torch.nn import attention as _attention
 
-from . import _router
+from . import _router, _stats
 from .ops import _kernel_friendly, _ops
+
+logger = logging.getLogger("torch_flash_backend")
 
 NAME = "torch_flash_backend"
 _OPS = (
@@ -50,11 +53,23 @@ def _no_window(left, right) -> bool:
 
 
 def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
-    """q, k, v in (B, H, L, E). PyTorch's flash kernels align a causal mask with
-    L != S bottom-right, ours top-left: such calls stay with PyTorch."""
-    if q.dim() != 4 or k.dim() != 4 or (is_causal and q.size(2) != k.size(2)):
-        return False
-    return _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward).served
+    """q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
+    calls are. PyTorch's flash kernels align a causal mask with L != S
+    bottom-right, ours top-left: such calls stay with PyTorch."""
+    op = "flash attention backward" if backward else "flash attention forward"
+    if q.dim() != 4 or k.dim() != 4:
+        decision = _router.Decision(False, None, "inputs are not 4-D")
+    elif is_causal and q.size(2) != k.size(2):
+        decision = _router.Decision(False, None, "causal with L != S: PyTorch's flash kernels align it "
+                                                 "bottom-right, ours top-left")
+    else:
+        decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward)
+    _stats.count(decision)
+    if decision.served:
+        logger.debug("provider: %s %s", op, decision)
+    else:
+        logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
+    return decision.served
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -124,13 +124,43 @@ def _misaligned(name: str, t: torch.Tensor, vec: int) -> str | None:
     return None
 
 
+def check_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
+    """Raises, naming the argument, for an SDPA call that PyTorch's SDPA rejects
+    in every backend: its math path could not run it either. PyTorch 2.11
+    crashes on some of these (key head dim != query head dim with enable_gqa:
+    SIGSEGV; key or value with 0 heads and enable_gqa: SIGFPE), so they are
+    refused here, before any kernel, ours or PyTorch's, sees them."""
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
+    if q.is_nested or k.is_nested or v.is_nested:
+        return  # PyTorch's nested paths check their own sizes
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., length, head_dim), got shape {tuple(t.shape)}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"key's head dim (size -1) is {k.shape[-1]} but query's is {q.shape[-1]}; they must be equal")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"value's length (size -2) is {v.shape[-2]} but key's is {k.shape[-2]}; they must be equal")
+    if enable_gqa and min(q.dim(), k.dim(), v.dim()) >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        for name, h in (("key", hk), ("value", hv)):
+            if h == 0 or hq % h != 0:
+                raise ValueError(f"enable_gqa=True needs {name}'s head count (size -3, here {h}) to divide "
+                                 f"query's ({hq})")
+
+
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
            *, needs_grad: bool | None = None) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
+    Raises (check_args) for arguments PyTorch's SDPA would reject too.
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad).
     """
+    check_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -170,22 +200,26 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
         return _fallback(f"zero-size input (q {tuple(q.shape)}, k {tuple(k.shape)}); PyTorch's SDPA handles it")
     if length < MIN_QUERY_LEN:
         return _fallback(DECODE_REASON)
-    vec = 16 // q.element_size()
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        bad = _misaligned(name, t, vec)
-        if bad is not None:
-            return _fallback(bad)
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     detail = f"{dtype_name}, head dim {e}" + (", causal" if is_causal else "") + (
         f", GQA {hq}:{hkv}" if hq != hkv else "")
     if on_cpu:
-        if not needs_grad:
-            return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", detail)
-        bwd = f"cpu_bwd_{dtype_name}_hdim{e}"
-        return Decision(True, f"cpu_fwd_{dtype_name}_hdim{e}", f"{detail}, backward by {bwd}", backward_kernel=bwd)
-    broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
-    return _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, broadcast)
+        fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
+        bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
+        decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
+    else:
+        broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
+        decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, broadcast)
+    if not decision.served:
+        return decision
+    # Layout last: a head dim no kernel has is the real problem, not its strides.
+    vec = 16 // q.element_size()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        bad = _misaligned(name, t, vec)
+        if bad is not None:
+            return _fallback(bad)
+    return decision
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
@@ -214,7 +248,9 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         if broadcast and f"sm90_fwd{suffix}" in kernels and "sm90" in families:
             return _fallback(f"an input is broadcast with stride 0 (expand), which the sm90 forward cannot read, "
                              f"and no other forward was built for {dtype_name} head dim {e}{only}")
-        return _fallback(f"no forward kernel was built for {dtype_name} head dim {e}{only}")
+        dims = sorted({int(n.rsplit("hdim", 1)[1]) for n in kernels if f"_fwd_{dtype_name}_" in n and n.split("_")[0] in families})
+        return _fallback(f"no kernel has head dim {e} for {dtype_name}{only}; head dims built: "
+                         f"{', '.join(map(str, dims)) or 'none'}")
     if not needs_grad:
         return Decision(True, fwd, detail)
     why_not = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}{only}"

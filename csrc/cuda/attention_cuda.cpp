@@ -101,6 +101,21 @@ void check_sm80(bool built, const char* pass, const at::Tensor& q, const AttnSha
 }
 
 
+// As PyTorch's flash backward: torch.use_deterministic_algorithms(True) sums
+// dQ in a fixed order; with warn_only=True the default (atomic) order runs
+// and says so once.
+bool deterministic_bwd() {
+  auto& ctx = at::globalContext();
+  if (!ctx.deterministicAlgorithms()) return false;
+  if (ctx.deterministicAlgorithmsWarnOnly()) {
+    TORCH_WARN_ONCE(
+        "torch_flash_backend's attention backward defaults to a non-deterministic algorithm (dQ is summed with "
+        "atomics). To explicitly enable determinism call torch.use_deterministic_algorithms(True, warn_only=False).");
+    return false;
+  }
+  return true;
+}
+
 void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse, const AttnShape& s, double scale, bool is_causal) {
   p.q = q.data_ptr();
@@ -167,6 +182,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   check_vector_aligned(grad_out, "grad_out");
   AttnBwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal);
+  p.deterministic = deterministic_bwd();
   p.dout = grad_out.data_ptr();
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();

@@ -1,5 +1,5 @@
-// Last backward kernel: the float32 dQ accumulator, summed over all key blocks,
-// times the softmax scale, written to dq in the input dtype with its strides.
+// Last backward kernel: the float32 dQ accumulators (their splits summed in
+// order), times the softmax scale, written to dq in the input dtype with its strides.
 // dK and dV need no such pass: a CTA owns its keys for every query head of its
 // GQA group and writes them itself.
 #pragma once
@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include "params.h"
+#include "sm80/grid.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
 #include "sm80/workspace_bwd.h"
@@ -25,12 +26,20 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
   constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
   __shared__ __align__(128) Element smem[kM * kE];
   const int tid = threadIdx.x;
-  const int m0 = blockIdx.x * kM, head = blockIdx.y, batch = blockIdx.z;
+  int head, batch;
+  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
+  const int m0 = blockIdx.x * kM;
   const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE + tid;
 
   Tensor acc = partition_fragment_C(typename Traits::TiledMmadQ{}, Shape<Int<kM>, Int<kE>>{});
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) acc(i) = mine[i * Traits::kThreads] * p.scale;
+  for (int i = 0; i < size(acc); ++i) acc(i) = mine[i * Traits::kThreads];
+  for (int split = 1; split < ws.splits; ++split) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) acc(i) += mine[split * ws.split_elems + i * Traits::kThreads];
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) *= p.scale;
   Tensor r = convert_frag<Element>(acc);
 
   Tensor sdQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
@@ -46,7 +55,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
 
 template <class Traits>
 cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  const dim3 grid((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  const dim3 grid = HeadBatchGrid::make((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
   bwd_convert_dq_kernel<Traits><<<grid, Traits::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }

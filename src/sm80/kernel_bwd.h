@@ -1,10 +1,12 @@
-// The main backward kernel: one CTA per (key block, kv head, batch).
+// The main backward kernel: one CTA per (key block, kv head, batch); in the
+// deterministic mode one per (split, kv head, batch), walking its key blocks.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "params.h"
 #include "sm80/epilogue_bwd.h"
+#include "sm80/grid.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/mainloop_bwd.h"
 #include "sm80/workspace_bwd.h"
@@ -18,15 +20,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
   Element* smem = reinterpret_cast<Element*>(smem_raw);
   const int tid = threadIdx.x;
 
-  const BwdBlock blk(p, Traits::kBlockM, Traits::kBlockN);
+  int head_kv, batch;
+  if (!HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)) return;
+  // Default: gridDim.x = key blocks and one shared accumulator. Deterministic:
+  // gridDim.x = ws.splits, and this CTA alone adds into split blockIdx.x.
+  float* dq_accum = ws.dq_accum + (ws.splits > 1 ? blockIdx.x * ws.split_elems : 0);
+  const int n_blocks = (p.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
   Tensor acc_dk = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
   Tensor acc_dv = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
-  clear(acc_dk);
-  clear(acc_dv);
-
-  BwdMainloop<Traits>{smem, tid}.run(p, ws, blk, acc_dk, acc_dv);
-  BwdEpilogue<Traits>{smem, tid}.store(p, blk, acc_dk, acc_dv);
+  for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
+    const BwdBlock blk(p, Traits::kBlockM, Traits::kBlockN, n_block, head_kv, batch);
+    clear(acc_dk);
+    clear(acc_dv);
+    BwdMainloop<Traits>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);
+    BwdEpilogue<Traits>{smem, tid}.store(p, blk, acc_dk, acc_dv);
+    __syncthreads();  // the epilogue's reads of shared memory end before the next block's loads
+  }
 }
 
 }  // namespace tfb::sm80::bwd

@@ -3,6 +3,7 @@
 
 #include "params.h"
 #include "sm80/epilogue_fwd.h"
+#include "sm80/grid.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/mainloop_fwd.h"
 #include "sm80/mask.h"
@@ -18,8 +19,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   const Mask mask{p.len_q, p.len_k, p.is_causal};
   // Causal tiles further down see more keys; launching them first shortens the tail.
   const int m_block = p.is_causal ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  int head, batch;
+  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
 
   typename Traits::TiledMma mma;
   Tensor acc_o = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   OnlineSoftmax<Traits::kRowsPerThread> softmax;
 
   FwdMainloop<Traits>::run(p, smem, mask, m_block, head, batch, acc_o, softmax);
-  Tensor lse = softmax.finalize(acc_o, fabsf(p.scale));
+  Tensor lse = softmax.finalize(acc_o);
   FwdEpilogue<Traits>::store(p, smem, m_block, head, batch, acc_o, lse);
 }
 

@@ -6,6 +6,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "sm80/convert_bwd.h"
+#include "sm80/grid.h"
 #include "sm80/kernel_bwd.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/launch.h"
@@ -20,7 +21,8 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
   auto kernel = bwd_dkdv_kernel<Traits>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((params.len_k + Traits::kBlockN - 1) / Traits::kBlockN, params.heads_kv, params.batch);
+  const unsigned n_blocks = (params.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const dim3 grid = HeadBatchGrid::make(ws.splits > 1 ? ws.splits : n_blocks, params.heads_kv, params.batch);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params, ws);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -43,6 +45,7 @@ cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Parts with about 100 KB of shared memory a block (sm86, sm89) get no backward.
   if (smem_optin < Config::SmallSmem::kSmemBytes) return cudaErrorNotSupported;
+  if (!HeadBatchGrid::fits(params.heads_q, params.batch)) return cudaErrorInvalidValue;
 
   const bwd::BwdWorkspace ws = bwd::carve_workspace(params);
   err = bwd::launch_preprocess<Element, kHeadDim>(params, ws, stream);

@@ -2,12 +2,10 @@
 // dim and launches one CTA per (query tile, q head, batch).
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
 
+#include "sm80/grid.h"
 #include "sm80/kernel_fwd.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/launch.h"
@@ -17,10 +15,9 @@ namespace sm80 {
 
 template <class Traits>
 cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
-  using Element = typename Traits::Element;
-  constexpr int kMaxGridYZ = 65535;
-  if (params.head_dim != Traits::kHeadDim || params.heads_q > kMaxGridYZ || params.heads_kv <= 0 ||
-      params.heads_q % params.heads_kv != 0 || params.len_q <= 0 || params.len_k <= 0) {
+  if (params.head_dim != Traits::kHeadDim || params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
+      params.len_q <= 0 || params.len_k <= 0 || params.batch <= 0 ||
+      !HeadBatchGrid::fits(params.heads_q, params.batch)) {
     return cudaErrorInvalidValue;
   }
   auto kernel = &fwd_kernel<Traits>;
@@ -30,20 +27,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const unsigned m_blocks = (params.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  // gridDim.z caps the batch: larger batches go in slices.
-  for (int b0 = 0; b0 < params.batch; b0 += kMaxGridYZ) {
-    AttnFwdParams p = params;
-    p.batch = std::min(params.batch - b0, kMaxGridYZ);
-    p.q = static_cast<const Element*>(params.q) + b0 * params.q_batch_stride;
-    p.k = static_cast<const Element*>(params.k) + b0 * params.k_batch_stride;
-    p.v = static_cast<const Element*>(params.v) + b0 * params.v_batch_stride;
-    p.o = static_cast<Element*>(params.o) + b0 * params.o_batch_stride;
-    p.lse = params.lse + int64_t(b0) * params.heads_q * params.len_q;
-    kernel<<<dim3(m_blocks, p.heads_q, p.batch), Traits::kThreads, kSmem, stream>>>(p);
-    const cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  kernel<<<HeadBatchGrid::make(m_blocks, params.heads_q, params.batch), Traits::kThreads, kSmem, stream>>>(params);
+  return cudaGetLastError();
 }
 
 template <typename Element, int kHeadDim>

@@ -22,8 +22,8 @@ struct BwdBlock {
   int m_count;  // query blocks per head from m_begin on
   int steps;
 
-  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, int block_m, int block_n)
-      : n_block(blockIdx.x), head_kv(blockIdx.y), batch(blockIdx.z), group(p.heads_q / p.heads_kv) {
+  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, int block_m, int block_n, int n_block_, int head_kv_, int batch_)
+      : n_block(n_block_), head_kv(head_kv_), batch(batch_), group(p.heads_q / p.heads_kv) {
     const int m_blocks = (p.len_q + block_m - 1) / block_m;
     m_begin = p.is_causal ? n_block * block_n / block_m : 0;
     m_count = m_begin < m_blocks ? m_blocks - m_begin : 0;
@@ -102,9 +102,10 @@ struct BwdMainloop {
     copy(r2s, src, dst);
   }
 
+  // dq_accum: the split of the dQ accumulator this CTA adds into.
   template <class AccdK, class AccdV>
-  CUTE_DEVICE void run(const AttnBwdParams& p, const BwdWorkspace& ws, const BwdBlock& blk, AccdK& acc_dk,
-                       AccdV& acc_dv) const {
+  CUTE_DEVICE void run(const AttnBwdParams& p, const BwdWorkspace& ws, float* dq_accum, const BwdBlock& blk,
+                       AccdK& acc_dk, AccdV& acc_dv) const {
     using LoadN = typename Traits::LoadN;
     using LoadT = typename Traits::LoadT;
     typename Traits::TiledMmaSdP mma_sdp;
@@ -224,7 +225,7 @@ struct BwdMainloop {
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kE>>{});
       clear(acc_dq);
       gemm_ss<LoadN, LoadT>(acc_dq, mma_dq, sdS, sKt, tid);
-      float* dq_mine = ws.dq_accum + stat0 * kE + tid;
+      float* dq_mine = dq_accum + stat0 * kE + tid;
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_mine + i * Traits::kThreads, acc_dq(i));
 

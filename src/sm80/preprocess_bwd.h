@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "params.h"
+#include "sm80/grid.h"
 #include "sm80/workspace_bwd.h"
 
 namespace tfb::sm80::bwd {
@@ -32,13 +33,18 @@ template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
     bwd_preprocess_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
   using Cfg = Preprocess<Element, kHeadDim>;
-  const int head = blockIdx.y, batch = blockIdx.z;
+  int head, batch;
+  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int row0 = blockIdx.x * Cfg::kBlockRows;
   const int64_t bh = int64_t(batch) * p.heads_q + head;
   const int64_t stat0 = bh * ws.len_q_pad + row0;
 
-  float4* acc = reinterpret_cast<float4*>(ws.dq_accum + stat0 * kHeadDim);
-  for (int i = threadIdx.x; i < Cfg::kBlockRows * kHeadDim / 4; i += Cfg::kThreads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int split = 0; split < ws.splits; ++split) {
+    float4* acc = reinterpret_cast<float4*>(ws.dq_accum + split * ws.split_elems + stat0 * kHeadDim);
+    for (int i = threadIdx.x; i < Cfg::kBlockRows * kHeadDim / 4; i += Cfg::kThreads) {
+      acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % Cfg::kLanesPerRow;
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
 template <typename Element, int kHeadDim>
 cudaError_t launch_preprocess(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   using Cfg = Preprocess<Element, kHeadDim>;
-  const dim3 grid(ws.len_q_pad / Cfg::kBlockRows, p.heads_q, p.batch);
+  const dim3 grid = HeadBatchGrid::make(ws.len_q_pad / Cfg::kBlockRows, p.heads_q, p.batch);
   bwd_preprocess_kernel<Element, kHeadDim><<<grid, Cfg::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }

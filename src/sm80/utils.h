@@ -99,16 +99,13 @@ CUTE_DEVICE void reduce_rows_local(Tensor<Engine, Layout> const& rowcol, Out& ou
   }
 }
 
-// x -> 2^(x * scale - bias(r)) per row, written so that the argument is one FFMA.
-// A row whose bias is -inf (it has seen no key yet) uses bias 0, which maps its
-// -inf scores to 0 instead of NaN.
+// x -> 2^(x - bias(r)) per row, on scores already in log2 units.
 template <class Engine, class Layout, class Bias>
-CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias, float scale) {
+CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias) {
 #pragma unroll
   for (int r = 0; r < size<0>(rowcol); ++r) {
-    const float b = bias(r) == -INFINITY ? 0.f : bias(r);
 #pragma unroll
-    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) * scale - b);
+    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) - bias(r));
   }
 }
 

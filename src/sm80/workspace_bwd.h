@@ -16,12 +16,27 @@ constexpr int kRowPad = 128;
 
 inline int padded_len_q(int len_q) { return (len_q + kRowPad - 1) / kRowPad * kRowPad; }
 
+// dQ accumulators. By default one, which every key block adds into with
+// atomics (their order varies from run to run). Deterministic: one per CTA
+// column of the main kernel; CTA x walks key blocks x, x + splits, ... in
+// order and alone adds into split x, and the convert kernel sums the splits
+// in order. Enough splits to fill the SMs over batch x kv heads, at most 8
+// (each costs a float32 copy of dQ).
+inline int dq_splits(const AttnBwdParams& p) {
+  if (!p.deterministic) return 1;
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv;
+  const int64_t want = (int64_t(p.num_sms) + ctas - 1) / ctas;
+  return int(want < 1 ? 1 : want > 8 ? 8 : want);
+}
+
 // Per (batch, q head), each array is contiguous over padded query rows.
 struct BwdWorkspace {
-  float* dq_accum;  // (B, Hq, Lpad, E): scale-free dQ, summed over key blocks with atomics
+  float* dq_accum;  // (splits, B, Hq, Lpad, E): scale-free dQ, summed over key blocks
   float* lse_log2;  // (B, Hq, Lpad): lse * log2(e); +inf on padded rows so their P is 0
   float* dsum;      // (B, Hq, Lpad): rowsum(dO * O); 0 on padded rows
   int len_q_pad;
+  int splits;
+  int64_t split_elems;  // B * Hq * Lpad * E: from one split to the next
 };
 
 inline size_t bwd_rows_total(const AttnBwdParams& p) {
@@ -29,13 +44,16 @@ inline size_t bwd_rows_total(const AttnBwdParams& p) {
 }
 
 inline size_t bwd_workspace_size(const AttnBwdParams& p) {
-  return bwd_rows_total(p) * (static_cast<size_t>(p.head_dim) + 2) * sizeof(float);
+  const size_t rows = bwd_rows_total(p);
+  return (rows * p.head_dim * dq_splits(p) + 2 * rows) * sizeof(float);
 }
 
 inline BwdWorkspace carve_workspace(const AttnBwdParams& p) {
   const size_t rows = bwd_rows_total(p);
+  const int splits = dq_splits(p);
   float* base = static_cast<float*>(p.workspace);
-  return {base, base + rows * p.head_dim, base + rows * (p.head_dim + 1), padded_len_q(p.len_q)};
+  float* stats = base + rows * p.head_dim * splits;
+  return {base, stats, stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim};
 }
 
 }  // namespace tfb::sm80::bwd

@@ -69,8 +69,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
                      _1{}),
        mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
-      {a.len_q, a.len_k, a.is_causal},
-      a.scale};
+      {a.len_q, a.len_k, a.is_causal}};
 
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
