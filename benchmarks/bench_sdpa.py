@@ -100,12 +100,26 @@ def make_inputs(b, h, l, e, dtype, grad):
     return one(), one(), one()
 
 
-OURS = ("ours", "ours-sm80")
+# ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
+# fixed order by the backward; the forward is the same).
+OURS = ("ours", "ours-sm80", "ours-det")
 RATIO_TO = ("ours-sm80", "flash", "cudnn")
 
 
+@contextlib.contextmanager
+def _deterministic():
+    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+
+
 def families(backend):
-    """The kernel families `backend` may use, held for as long as it is timed."""
+    """The kernel families (and determinism) `backend` runs with, held for as long as it is timed."""
+    if backend == "ours-det":
+        return _deterministic()
     if backend != "ours-sm80":
         return contextlib.nullcontext()
     from torch_flash_backend import testing

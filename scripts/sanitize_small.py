@@ -3,6 +3,9 @@ the forward pinned to sm80 and once with the default families (on Hopper: the
 sm90 forward), the backward being sm80's either way. Head dim 192 is the sm90
 forward that stages O in Q's buffer; the bf16 shape with more query tiles than
 SMs has the persistent sm90 CTAs run several tiles, reusing their buffers.
+Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
+backward (CTAs walking several key blocks into their own dQ split), and more
+heads than grid y holds.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py
 """
@@ -32,6 +35,23 @@ def grid(head_dims):
     torch.cuda.synchronize()
 
 
+def edges(e):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 300, e, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out, lse = ops.fwd(q, k, v, 0.0, True)
+    ops.bwd(torch.randn_like(out), q, k, v, out, lse, 0.0, True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        out, lse = ops.fwd(q, k, v, None, True)
+        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    q = torch.randn(1, 65600, 1, e, device="cuda", dtype=torch.bfloat16)
+    out, lse = ops.fwd(q, q, q, None, False)
+    ops.bwd(torch.randn_like(out), q, q, q, out, lse, None, False)
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -43,6 +63,7 @@ def main():
     for families in passes:
         with testing.kernel_families(*families):
             grid(head_dims)
+            edges(head_dims[0])
         print(f"sanitize grid ran: head dims {head_dims}, families {', '.join(families) or 'default'}")
 
 

@@ -33,6 +33,13 @@ def family(request):
         yield request.param
 
 
+def _ref(q, k, v, grad, **kw):
+    """The float64 reference's output and gradients, from float64 leaves."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, **kw)
+    return ref, torch.autograd.grad(ref, leaves, grad.double())
+
+
 def _qkv(b, h, length, e, dtype=torch.bfloat16, hkv=None, s=None, requires_grad=False):
     hkv, s = hkv or h, s or length
     shapes = ((b, length, h, e), (b, s, hkv, e), (b, s, hkv, e))
@@ -49,12 +56,11 @@ def test_zero_scale_is_uniform_attention(family, e, causal):
     out = tfb.flash_attn(q, k, v, is_causal=causal, scale=0.0)
     grad = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
-    ref, _ = attention_ref(q, k, v, scale=0.0, is_causal=causal)
+    ref, ref_grads = _ref(q, k, v, grad, scale=0.0, is_causal=causal)
     with sdpa_kernel(SDPBackend.MATH):
         base = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.0)
         base_grads = torch.autograd.grad(base, (q, k, v), grad)
     assert_within_baseline("out", out, base, ref)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), grad.double())
     assert torch.equal(dq, torch.zeros_like(dq)) and torch.equal(dk, torch.zeros_like(dk))
     assert_within_baseline("dv", dv, base_grads[2], ref_grads[2])
 
@@ -128,8 +134,7 @@ def test_batch_times_heads_past_grid_limit(family, shape):
     out = tfb.flash_attn(q, k, v, is_causal=True)
     grad = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad)
-    ref, _ = attention_ref(q, k, v, is_causal=True)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), grad.double())
+    ref, ref_grads = _ref(q, k, v, grad, is_causal=True)
     with sdpa_kernel(SDPBackend.MATH):
         base = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         base_grads = torch.autograd.grad(base, (q, k, v), grad)
@@ -157,8 +162,7 @@ def test_deterministic_backward_is_bitwise_repeatable(deterministic, e, hq, hkv,
     for run in runs[1:]:
         for a, b in zip(runs[0], run):
             assert torch.equal(a, b)
-    ref, _ = attention_ref(q, k, v, is_causal=True)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), grad.double())
+    _, ref_grads = _ref(q, k, v, grad, is_causal=True)
     with sdpa_kernel(SDPBackend.MATH):
         base = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         base_grads = torch.autograd.grad(base, (q, k, v), grad)

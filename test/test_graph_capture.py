@@ -179,16 +179,19 @@ class GraphModule(torch.nn.Module):
         _unsafe_view_2: "f32[2, 24, 128]" = torch.ops.aten._unsafe_view.default(mm_2, [2, 24, 128]);  mm_2 = None
         view_5: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(_unsafe_view_2, [2, 24, 2, 64]);  _unsafe_view_2 = None
         transpose_2: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_5, 1, 2);  view_5 = None
+
         fwd = torch.ops.torch_flash_backend.fwd.default(transpose, transpose_1, transpose_2, None, True)
         getitem: "f32[2, 4, 24, 64]" = fwd[0]
         getitem_1: "f32[2, 4, 24]" = fwd[1];  fwd = None
         detach: "f32[2, 4, 24, 64]" = torch.ops.aten.detach.default(getitem)
+
         transpose_3: "f32[2, 24, 4, 64]" = torch.ops.aten.transpose.int(getitem, 1, 2);  getitem = None
         view_6: "f32[2, 24, 256]" = torch.ops.aten.view.default(transpose_3, [2, 24, -1]);  transpose_3 = None
         t_3: "f32[256, 256]" = torch.ops.aten.t.default(primals_5)
         view_7: "f32[48, 256]" = torch.ops.aten.view.default(view_6, [48, 256]);  view_6 = None
         mm_3: "f32[48, 256]" = torch.ops.aten.mm.default(view_7, t_3);  t_3 = None
         _unsafe_view_3: "f32[2, 24, 256]" = torch.ops.aten._unsafe_view.default(mm_3, [2, 24, 256]);  mm_3 = None
+
         detach_1: "f32[2, 4, 24, 64]" = torch.ops.aten.detach.default(detach);  detach = None
         return (_unsafe_view_3, primals_2, primals_3, primals_4, primals_5, view, transpose, transpose_1, transpose_2, getitem_1, view_7, detach_1)
 """)
@@ -209,10 +212,12 @@ class GraphModule(torch.nn.Module):
         t_7: "f32[256, 256]" = torch.ops.aten.t.default(t_5);  t_5 = None
         view_10: "f32[2, 24, 4, 64]" = torch.ops.aten.view.default(view_9, [2, 24, 4, 64]);  view_9 = None
         transpose_4: "f32[2, 4, 24, 64]" = torch.ops.aten.transpose.int(view_10, 1, 2);  view_10 = None
+
         bwd = torch.ops.torch_flash_backend.bwd.default(transpose_4, transpose, transpose_1, transpose_2, detach_1, getitem_1, None, True);  transpose_4 = transpose = transpose_1 = transpose_2 = detach_1 = getitem_1 = None
         getitem_2: "f32[2, 4, 24, 64]" = bwd[0]
         getitem_3: "f32[2, 2, 24, 64]" = bwd[1]
         getitem_4: "f32[2, 2, 24, 64]" = bwd[2];  bwd = None
+
         transpose_5: "f32[2, 24, 2, 64]" = torch.ops.aten.transpose.int(getitem_4, 1, 2);  getitem_4 = None
         view_11: "f32[2, 24, 128]" = torch.ops.aten.view.default(transpose_5, [2, 24, 128]);  transpose_5 = None
         view_12: "f32[48, 128]" = torch.ops.aten.view.default(view_11, [48, 128]);  view_11 = None

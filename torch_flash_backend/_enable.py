@@ -54,9 +54,9 @@ class _Routing(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             # torch.export(strict=True) traces with Dynamo too, and would keep
             # route_sdpa whole: its SDPA call goes on to the dispatcher-level switch.
-            if torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting():
+            if torch.compiler.is_dynamo_compiling() and not _exporting():
                 return _route_op(*args, strict=self.strict, **kwargs)
-            if torch.compiler.is_exporting() and not torch.compiler.is_dynamo_compiling():
+            if _exporting() and not torch.compiler.is_dynamo_compiling():
                 return _route_for_export(func, args, kwargs, self.strict)
         return func(*args, **kwargs)
 
@@ -64,6 +64,12 @@ class _Routing(TorchFunctionMode):
 class _StrictRouting(_Routing):
     # A distinct type, so that switching strictness also recompiles.
     strict = True
+
+
+def _exporting() -> bool:
+    # Dynamo answers True to torch.compiler.is_exporting() whenever it traces;
+    # the flag behind it tells torch.export from torch.compile.
+    return getattr(torch.compiler, "_is_exporting_flag", False)
 
 
 def _route_op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,

@@ -49,6 +49,17 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   // The scheduler's positions count two per unit, plus a grid stride.
   if (m_blocks * a.heads_q * a.batch > INT_MAX / 2 - 4096) return cudaErrorInvalidValue;
 
+  // TMA descriptors are encoded through the driver API, which needs a context
+  // current in this thread. The runtime binds the device's primary context
+  // lazily, at a thread's first runtime call; when this launch is that call
+  // (an op's first CUDA work in a new thread), the encoder fails with
+  // CUDA_ERROR_INVALID_CONTEXT, CuTe leaves the descriptor zero, and the kernel
+  // dies on an illegal instruction. A runtime call first binds the context.
+  auto kernel = &fwd_kernel<Traits>;
+  constexpr int kSmem = Traits::kSmemBytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return err;
+
   auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
   auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), a.len_k, a.heads_kv, a.batch,
@@ -71,10 +82,6 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
       {a.len_q, a.len_k, a.is_causal}};
 
-  auto kernel = &fwd_kernel<Traits>;
-  constexpr int kSmem = Traits::kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (err != cudaSuccess) return err;
   const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
