@@ -28,7 +28,8 @@ struct AttnFwdParams {
   int head_dim;  // E (q, k and v share it)
 
   float scale;       // softmax scale applied to q.k
-  float scale_log2;  // scale * log2(e): the kernels use exp2
+  float scale_log2;  // scale * log2(e), the kernels using exp2; at least FLT_MIN in magnitude
+                     // (masked scores are -inf, and -inf * 0 is NaN)
   bool is_causal;    // top-left aligned: row i sees keys j <= i
 
   int num_sms;  // of the device the launch targets

@@ -113,3 +113,15 @@ def test_gradient_with_odd_strides():
     ref = q.detach().clone().requires_grad_()
     attention_ref(ref, ref, ref)[0].sum().backward()
     torch.testing.assert_close(q.grad, ref.grad.float(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("strict,mask", [(False, False), (True, False), (False, True)])
+def test_opcheck_route_sdpa(strict, mask):
+    """route_sdpa, enable()'s decision as an op: served (the CPU ops, through
+    the test switch) or, with a mask, passed on to PyTorch's SDPA."""
+    from torch_flash_backend import testing
+
+    q, k, v = (torch.randn(2, 4, 40, 16, requires_grad=True) for _ in range(3))
+    attn_mask = torch.zeros(40, 40) if mask else None
+    with testing.route_cpu():
+        torch.library.opcheck(ops.route_sdpa.default, (q, k, v, attn_mask, 0.0, not mask, None, False, strict))

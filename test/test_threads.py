@@ -90,3 +90,19 @@ def test_many_threads_enter_and_leave(device):
     with testing.route_cpu():
         assert _same(_step(q, k, v, grad), want_pytorch, device)
     assert sum(tfb.stats()["routed"].values()) == THREADS * ITERS
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("e", [64, 128, 256])
+def test_forward_as_a_new_threads_first_cuda_call(e):
+    """The sm90 forward encodes TMA descriptors through the driver API, which
+    needs the CUDA context bound to the calling thread; in a new thread our op
+    may be the first CUDA work (this failed with an illegal instruction)."""
+    q = torch.randn(2, 4, 300, e, device="cuda", dtype=torch.bfloat16)
+    want = tfb.flash_attn(q, q, q, is_causal=True)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(tfb.flash_attn(q, q, q, is_causal=True)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert len(got) == 1 and torch.equal(got[0], want)

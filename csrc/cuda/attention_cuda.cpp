@@ -1,6 +1,7 @@
 // CUDA impls of the ops: check, fill the params struct, launch the kernel the
 // device's family provides on the current stream.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -134,7 +135,11 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
   p.len_k = static_cast<int>(s.len_k);
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(scale);
-  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  // The kernels mask scores to -inf before scaling them: a zero (or denormal)
+  // scale_log2 would make -inf * 0 = NaN. At FLT_MIN every finite score scales
+  // to about 0, so a zero scale still gives uniform attention.
+  const float scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.scale_log2 = std::fabs(scale_log2) < FLT_MIN ? std::copysign(FLT_MIN, scale_log2) : scale_log2;
   p.is_causal = is_causal;
   p.num_sms = device_info(q.get_device()).num_sms;
 }

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   OnlineSoftmax<Traits::kRowsPerThread> softmax;
 
   FwdMainloop<Traits>::run(p, smem, mask, m_block, head, batch, acc_o, softmax);
-  Tensor lse = softmax.finalize(acc_o);
+  Tensor lse = softmax.finalize(acc_o, fabsf(p.scale));
   FwdEpilogue<Traits>::store(p, smem, m_block, head, batch, acc_o, lse);
 }
 

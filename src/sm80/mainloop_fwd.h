@@ -95,6 +95,10 @@ struct FwdMainloop {
     Tensor tOsVt = thr_copy_v.partition_S(sVt);  // (CPY, CPY_D, CPY_K)
     Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
+    // A negative scale flips which score is largest; the softmax wants
+    // scale >= 0, so such a kernel negates the scores instead.
+    const bool flip = p.scale_log2 < 0.f;
+    const float scale_log2 = fabsf(p.scale_log2);
     const int m0 = m_block * kBlockM;
     const int n_last = mask.n_block_end(m_block) - 1;
 
@@ -123,10 +127,10 @@ struct FwdMainloop {
       clear(acc_s);
       gemm_ss(mma, acc_s, tSrQ, tSrK, thr_copy_q.retile_D(tSrQ), thr_copy_k.retile_D(tSrK), tSsQ,
               at_stage(tSsK, stage), copy_q, copy_k);
-      scale_scores(acc_s, p.scale_log2);  // before the mask: see softmax.h
+      if (flip) negate_scores(acc_s);
       if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m0, n_block * kBlockN);
       // With two stages V[n_block] is already on its way: do the softmax while it lands.
-      if constexpr (kStages == 2) softmax.update(acc_s, acc_o);
+      if constexpr (kStages == 2) softmax.update(acc_s, acc_o, scale_log2);
 
       cp_async_wait<kStages - 1>();  // V[n_block] has landed
       __syncthreads();               // ... for every thread, and the buffer refilled next is unread
@@ -138,7 +142,7 @@ struct FwdMainloop {
         }
       }
       cp_async_fence();
-      if constexpr (kStages == 1) softmax.update(acc_s, acc_o);
+      if constexpr (kStages == 1) softmax.update(acc_s, acc_o, scale_log2);
 
       Tensor p_frag = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand_layout(p_frag.layout()));

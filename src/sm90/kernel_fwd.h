@@ -21,6 +21,7 @@ struct FwdKernelParams {
   typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
   sm80::AttnMask<Traits::kBlockM, Traits::kBlockN> mask;
+  float scale;
 };
 
 template <class Traits>
@@ -81,7 +82,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
       Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask, tile.m_block, local_tile_count,
                         thread_idx, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);
-      auto lse = softmax.finalize_rows(o);
+      // The softmax ran on negated scores when the scale is negative.
+      auto lse = softmax.finalize_rows(o, fabsf(p.scale));
       Epilogue::store(p.epilogue, shared, acc_o, lse, tile, thread_idx);
     }
     // The last O store reads shared memory until it completes.

@@ -80,7 +80,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
                      _1{}),
        mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
-      {a.len_q, a.len_k, a.is_causal}};
+      {a.len_q, a.len_k, a.is_causal},
+      a.scale};
 
   const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(p);

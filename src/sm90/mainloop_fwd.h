@@ -122,6 +122,11 @@ struct FwdMainloop {
     const int next_warpgroup = (warpgroup + 1) % Traits::kConsumerWarpgroups;
     constexpr int kTurnThreads = 2 * 128;
 
+    // A negative scale flips which score is largest; the softmax wants
+    // scale >= 0, so the scores are negated instead.
+    const bool flip = p.scale_log2 < 0.f;
+    const float scale_log2 = fabsf(p.scale_log2);
+
     auto turn_begin = [&] {
       if constexpr (Traits::kConsumerWarpgroups > 1) {
         named_barrier_sync(int(Barrier::kWarpgroupTurn) + warpgroup, kTurnThreads);
@@ -140,7 +145,7 @@ struct FwdMainloop {
       }
     };
     auto mask_scores = [&](auto& acc_s, int n_block) {
-      sm80::scale_scores(acc_s, p.scale_log2);  // before the mask: see softmax.h
+      if (flip) sm80::negate_scores(acc_s);
       if (mask.needs_mask(m_block, n_block)) {
         mask.apply_by_row_limit(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
       }
@@ -168,7 +173,7 @@ struct FwdMainloop {
     mask_scores(acc_s, n_end - 1);
     {
       Tensor s = acc_rowcol(acc_s);
-      softmax.update_stats(s);  // O is still zero: nothing to rescale
+      softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
     }
     Tensor p_regs = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -193,7 +198,7 @@ struct FwdMainloop {
       Tensor s = acc_rowcol(acc_s);
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);
-      Tensor correction = softmax.update_stats(s);
+      Tensor correction = softmax.update_stats(s, scale_log2);
       bool max_moved = true;
       if constexpr (Traits::kSkipUnitRescale) {
         max_moved = false;
