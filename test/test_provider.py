@@ -132,6 +132,26 @@ def test_unserved_calls_go_to_the_original(kernels):
         assert bwd(KEYSET, q, q, q, q, q, lse, None, None, 64, 64, 0.0, False, lse, lse, scale=None) == "original"
 
 
+def test_calls_count_in_stats_and_log(kernels, caplog):
+    """Served and passed-on calls through the hook count in stats() and log at
+    DEBUG, as enable()'s do."""
+    ours, _ = kernels
+    q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
+    sdpa = ours["_scaled_dot_product_flash_attention"]
+    tfb.reset_stats()
+    with caplog.at_level("DEBUG", logger="torch_flash_backend"):
+        sdpa(KEYSET, q, q, q, 0.0, True, False, scale=None)
+        sdpa(KEYSET, q, q, q, 0.0, False, True, scale=None)
+        sdpa(KEYSET, q[:, :, :32], q, q, 0.0, True, False, scale=None)
+    stats = tfb.stats()
+    assert stats["routed"] == {"sm80_fwd_bf16_hdim64": 1}, stats
+    assert stats["fallback"] == {"return_debug_mask=True is not supported": 1,
+                                 "causal with L != S: PyTorch's flash kernels align it bottom-right, ours top-left": 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("provider: flash attention forward served by sm80_fwd_bf16_hdim64") for m in lines), lines
+    assert sum("passed on to PyTorch's kernel" in m for m in lines) == 2, lines
+
+
 @pytest.mark.gpu
 def test_cuda_activated_serves_sdpa_flash(restore):
     from torch.nn.attention import SDPBackend, sdpa_kernel

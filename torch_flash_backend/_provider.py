@@ -52,11 +52,34 @@ def _no_window(left, right) -> bool:
     return left in (None, -1) and right in (None, -1)
 
 
+def _count(decision, backward: bool) -> None:
+    """Every call through the hook counts in stats() and logs at DEBUG, as enable()'s do."""
+    _stats.count(decision)
+    op = "flash attention backward" if backward else "flash attention forward"
+    if decision.served:
+        logger.debug("provider: %s %s", op, decision)
+    else:
+        logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
+
+
+def _unsupported(backward: bool, cum_seq_q=None, cum_seq_k=None, return_debug_mask=False, seqused_k=None,
+                 alibi_slopes=None, window_size_left=None, window_size_right=None) -> bool:
+    """Whether the call asks for a feature our kernels lack (then counted as passed on)."""
+    reason = ("variable-length inputs (cum_seq_q / cum_seq_k)" if cum_seq_q is not None or cum_seq_k is not None
+              else "return_debug_mask=True" if return_debug_mask
+              else "seqused_k" if seqused_k is not None
+              else "alibi_slopes" if alibi_slopes is not None
+              else "a sliding window" if not _no_window(window_size_left, window_size_right)
+              else None)
+    if reason is not None:
+        _count(_router.Decision(False, None, f"{reason} is not supported"), backward)
+    return reason is not None
+
+
 def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
     """q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
     calls are. PyTorch's flash kernels align a causal mask with L != S
     bottom-right, ours top-left: such calls stay with PyTorch."""
-    op = "flash attention backward" if backward else "flash attention forward"
     if q.dim() != 4 or k.dim() != 4:
         decision = _router.Decision(False, None, "inputs are not 4-D")
     elif is_causal and q.size(2) != k.size(2):
@@ -64,11 +87,7 @@ def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
                                                  "bottom-right, ours top-left")
     else:
         decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward)
-    _stats.count(decision)
-    if decision.served:
-        logger.debug("provider: %s %s", op, decision)
-    else:
-        logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
+    _count(decision, backward)
     return decision.served
 
 
@@ -99,8 +118,8 @@ def _make_kernels(original):
     def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                 is_causal, return_debug_mask, *, scale=None, window_size_left=None,
                                 window_size_right=None, seqused_k=None, alibi_slopes=None):
-        if (cum_seq_q is None and cum_seq_k is None and not return_debug_mask and seqused_k is None
-                and alibi_slopes is None and _no_window(window_size_left, window_size_right)):
+        if not _unsupported(False, cum_seq_q, cum_seq_k, return_debug_mask, seqused_k, alibi_slopes,
+                            window_size_left, window_size_right):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
             if _serves(q, k, v, dropout_p, is_causal, scale, backward=False):
                 out, lse = _ops.fwd(q, k, v, scale, is_causal)
@@ -113,7 +132,8 @@ def _make_kernels(original):
     def flash_attention_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                  max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
                                  window_size_left=None, window_size_right=None):
-        if cum_seq_q is None and cum_seq_k is None and _no_window(window_size_left, window_size_right):
+        if not _unsupported(True, cum_seq_q, cum_seq_k, window_size_left=window_size_left,
+                            window_size_right=window_size_right):
             q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
             if _serves(q, k, v, dropout_p, is_causal, scale, backward=True) and _lse_ok(logsumexp, q):
                 dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal)
@@ -125,7 +145,8 @@ def _make_kernels(original):
 
     def sdpa_flash(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                    scale=None):
-        if not return_debug_mask and _serves(query, key, value, dropout_p, is_causal, scale, backward=False):
+        if (not _unsupported(False, return_debug_mask=return_debug_mask)
+                and _serves(query, key, value, dropout_p, is_causal, scale, backward=False)):
             out, lse = _ops.fwd(query, key, value, scale, is_causal)
             seed, offset, debug_mask = _rng_placeholders(query)
             return _like(out, query), lse, None, None, query.size(2), key.size(2), seed, offset, debug_mask
@@ -134,7 +155,7 @@ def _make_kernels(original):
 
     def sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                             max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        if (cum_seq_q is None and cum_seq_k is None and _lse_ok(logsumexp, query)
+        if (not _unsupported(True, cum_seq_q, cum_seq_k) and _lse_ok(logsumexp, query)
                 and _serves(query, key, value, dropout_p, is_causal, scale, backward=True)):
             return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal)
         return original["_scaled_dot_product_flash_attention_backward"].call_boxed(

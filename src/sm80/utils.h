@@ -99,24 +99,13 @@ CUTE_DEVICE void reduce_rows_local(Tensor<Engine, Layout> const& rowcol, Out& ou
   }
 }
 
-// x -> 2^(x * scale - bias(r)) per row. Fused: the argument is one FFMA, which
-// computes x * scale exactly before subtracting the rounded bias, so the row's
-// largest score gets 2^(residual) with |residual| up to half an ulp of bias.
-// Not fused: the product is rounded as bias's was, and the max's difference is 0.
-template <class Engine, class Layout, class Bias>
-CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias, float scale, bool fused) {
-  if (fused) {
+// x -> 2^(x * scale(r) - bias(r)) per row, the argument one FFMA.
+template <class Engine, class Layout, class Bias, class Scale>
+CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias, Scale const& scale) {
 #pragma unroll
-    for (int r = 0; r < size<0>(rowcol); ++r) {
+  for (int r = 0; r < size<0>(rowcol); ++r) {
 #pragma unroll
-      for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) * scale - bias(r));
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < size<0>(rowcol); ++r) {
-#pragma unroll
-      for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(__fmul_rn(rowcol(r, c), scale) - bias(r));
-    }
+    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) * scale(r) - bias(r));
   }
 }
 
