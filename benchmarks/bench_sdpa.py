@@ -106,25 +106,13 @@ OURS = ("ours", "ours-sm80", "ours-det")
 RATIO_TO = ("ours-sm80", "flash", "cudnn")
 
 
-@contextlib.contextmanager
-def _deterministic():
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-
-
 def families(backend):
     """The kernel families (and determinism) `backend` runs with, held for as long as it is timed."""
-    if backend == "ours-det":
-        return _deterministic()
-    if backend != "ours-sm80":
+    if backend not in ("ours-sm80", "ours-det"):
         return contextlib.nullcontext()
     from torch_flash_backend import testing
 
-    return testing.kernel_families("sm80")
+    return testing.deterministic_algorithms() if backend == "ours-det" else testing.kernel_families("sm80")
 
 
 def sm90_serves_forward():

@@ -178,18 +178,9 @@ def test_batch_times_heads_past_grid_limit(family, shape):
         assert_within_baseline(name, ours, base, ref)
 
 
-@pytest.fixture
-def deterministic():
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-
-
 @pytest.mark.parametrize("e,hq,hkv,length", [(64, 4, 4, 1000), (128, 8, 2, 777), (256, 2, 1, 300)])
-def test_deterministic_backward_is_bitwise_repeatable(deterministic, e, hq, hkv, length):
+@testing.deterministic_algorithms()
+def test_deterministic_backward_is_bitwise_repeatable(e, hq, hkv, length):
     q, k, v = _qkv(2, hq, length, e, hkv=hkv, requires_grad=True)
     out = tfb.flash_attn(q, k, v, is_causal=True, enable_gqa=True)
     grad = torch.randn_like(out)
@@ -202,14 +193,10 @@ def test_deterministic_backward_is_bitwise_repeatable(deterministic, e, hq, hkv,
         assert_within_baseline(name, ours, base, ref)
 
 
+@testing.deterministic_algorithms(warn_only=True)
 def test_warn_only_warns_once_like_pytorch():
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        q, k, v = _qkv(1, 2, 64, 64, requires_grad=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            tfb.flash_attn(q, k, v).sum().backward()
-        assert any("non-deterministic" in str(w.message) for w in caught), [str(w.message) for w in caught]
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    q, k, v = _qkv(1, 2, 64, 64, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tfb.flash_attn(q, k, v).sum().backward()
+    assert any("non-deterministic" in str(w.message) for w in caught), [str(w.message) for w in caught]

@@ -72,6 +72,18 @@ def kernel_families(*names):
             os.environ[env] = previous
 
 
+@contextlib.contextmanager
+def deterministic_algorithms(warn_only: bool = False):
+    """torch.use_deterministic_algorithms(True, warn_only=...) for a with block,
+    the previous setting restored after it. Process-wide."""
+    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+
+
 def launched_families(fn) -> set[str]:
     """The kernel families ("sm80", "sm90") whose CUDA kernels fn() launches, read
     off the kernel names the profiler records: each family's kernels live in the
