@@ -7,8 +7,12 @@ Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
 backward (CTAs walking several key blocks into their own dQ split), and more
 heads than grid y holds.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default]
+
+An argument runs that pass alone (racecheck takes minutes per pass).
 """
+import sys
+
 import torch
 
 import torch_flash_backend as tfb
@@ -60,6 +64,8 @@ def main():
     sm90 = any(f"sm90_fwd_{d}_hdim{e}" in built for d in ("fp16", "bf16") for e in head_dims)
     if sm90 and torch.cuda.get_device_capability() == (9, 0):
         passes.append(())  # the default: sm90 forwards where built
+    if len(sys.argv) > 1:
+        passes = [p for p in passes if (",".join(p) or "default") == sys.argv[1]]
     for families in passes:
         with testing.kernel_families(*families):
             grid(head_dims)
