@@ -17,7 +17,7 @@ def cpu_routing():
     tfb.reset_stats()
     with testing.route_cpu():
         yield
-    assert not _enable.is_installed()
+    assert not _enable.is_active()
 
 
 def qkv(hq=4, hkv=4, length=40, s=40, e=16, dtype=torch.float32, requires_grad=False):
@@ -47,11 +47,11 @@ def test_routed_output_close_to_pytorch():
 def test_outside_nothing_is_routed():
     q, k, v = qkv()
     F.scaled_dot_product_attention(q, k, v)
-    assert not _enable.is_installed()
+    assert not _enable.is_active()
     assert tfb.stats() == {"routed": {}, "fallback": {}}
     with tfb.enable():
-        assert _enable.is_installed()
-    assert not _enable.is_installed()
+        assert _enable.is_active()
+    assert not _enable.is_active()
 
 
 def test_fallback_is_bitwise_pytorch_and_logged(caplog):
@@ -95,7 +95,7 @@ def test_nested_inner_strictness_wins():
         with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError):
             F.scaled_dot_product_attention(q, k, v)
         F.scaled_dot_product_attention(q, k, v)
-        assert _enable.is_installed()
+        assert _enable.is_active()
     assert fallbacks() == 4
 
 
@@ -109,14 +109,14 @@ def test_decorator_and_reentrancy():
         return attend(depth - 1) if depth else out
 
     attend(3)
-    assert routed() == 4 and not _enable.is_installed()
+    assert routed() == 4 and not _enable.is_active()
 
 
 def test_exception_unwinds():
     with pytest.raises(ValueError):
         with tfb.enable():
             raise ValueError("boom")
-    assert not _enable.is_installed()
+    assert not _enable.is_active()
     F.scaled_dot_product_attention(*qkv())
     assert routed() == 0
 
@@ -241,7 +241,7 @@ def test_enable_inside_fullgraph_with_statement(strict):
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True) + F.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     assert any("torch_flash_backend.fwd.default" in ops for ops in graphs), graphs
-    assert routed() >= 1 and not _enable.is_installed()
+    assert routed() >= 1 and not _enable.is_active()
 
 
 def test_enable_inside_fullgraph_as_decorator():

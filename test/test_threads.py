@@ -86,7 +86,7 @@ def test_many_threads_enter_and_leave(device):
     assert not errors, errors[:5]
     assert sum(stats["routed"].values()) == THREADS * ITERS, stats
     assert not stats["fallback"], stats
-    assert not _enable.is_installed()
+    assert not _enable.is_active()
     with testing.route_cpu():
         assert _same(_step(q, k, v, grad), want_pytorch, device)
     assert sum(tfb.stats()["routed"].values()) == THREADS * ITERS

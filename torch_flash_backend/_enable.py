@@ -137,7 +137,7 @@ _active_lock = threading.Lock()
 _active = 0  # enable() blocks entered and not yet left, over all threads
 
 
-def is_installed() -> bool:
+def is_active() -> bool:
     """Whether some thread is inside enable() (eager)."""
     return _active > 0
 
@@ -193,6 +193,8 @@ class enable:
 
     def __exit__(self, *exc_info):
         if torch.compiler.is_dynamo_compiling():
+            # TorchFunctionMode.__exit__ pops the innermost mode and reads
+            # nothing of its instance; the traced __enter__ kept none.
             _Routing.__exit__(None, *exc_info)
             return False
         mode = _modes().pop()
