@@ -22,7 +22,9 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned n_blocks = (params.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const dim3 grid = HeadBatchGrid::make(ws.splits > 1 ? ws.splits : n_blocks, params.heads_kv, params.batch);
+  // Deterministic: one CTA per split walks its key blocks, even with one split
+  // (batch x kv heads already filling the SMs); otherwise one CTA per key block.
+  const dim3 grid = HeadBatchGrid::make(params.deterministic ? ws.splits : n_blocks, params.heads_kv, params.batch);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(params, ws);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
