@@ -14,7 +14,7 @@ from . import _provider  # noqa: F401  (registers the provider with torch.nn.att
 from ._enable import UnsupportedError, enable, explain
 from ._library import built_kernels
 from ._stats import reset_stats, stats
-from .ops import flash_attn
+from .functional import flash_attn
 
 __version__ = "0.1.0"
 

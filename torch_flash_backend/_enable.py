@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from . import _router, _stats
-from .ops import _ops
+from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
+
+_ops = torch.ops.torch_flash_backend
 
 logger = logging.getLogger("torch_flash_backend")
 

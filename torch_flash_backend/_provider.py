@@ -17,8 +17,11 @@ import warnings
 import torch
 from torch.nn import attention as _attention
 
+from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _router, _stats
-from .ops import _kernel_friendly, _ops
+from ._checks import kernel_friendly
+
+_ops = torch.ops.torch_flash_backend
 
 logger = logging.getLogger("torch_flash_backend")
 
@@ -110,7 +113,7 @@ def _rng_placeholders(query: torch.Tensor):
 
 
 def _backward(grad_out, q, k, v, out, lse, scale, is_causal):
-    dq, dk, dv = _ops.bwd(_kernel_friendly(grad_out), q, k, v, _kernel_friendly(out), lse, scale, is_causal)
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, kernel_friendly(out), lse, scale, is_causal)
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 

@@ -15,6 +15,7 @@ import threading
 
 import torch
 
+from ._checks import check_sdpa_args, misaligned
 from ._library import built_kernel_set
 
 # Below this query length a split-KV decode kernel is the right tool; without
@@ -109,58 +110,15 @@ def _families(capability: tuple[int, int]) -> tuple[str, ...]:
     return FAMILIES if tuple(capability) == (9, 0) else ("sm80",)
 
 
-def _misaligned(name: str, t: torch.Tensor, vec: int) -> str | None:
-    """vec: elements per 16-byte vector, the unit the kernels load and store.
-    The sm90 forward's TMA descriptors ask the same (16-byte aligned rows and
-    strides), so one rule serves both families."""
-    shape, stride = t.shape, t.stride()
-    if stride[3] != 1 and shape[3] > 1:
-        return f"{name} is not contiguous in its last dim (strides {tuple(stride)})"
-    for d in range(3):
-        if shape[d] > 1 and stride[d] % vec != 0:
-            return f"{name} stride({d}) = {stride[d]} is not a multiple of {vec} elements (16 bytes)"
-    if t.storage_offset() % vec != 0:
-        return f"{name} storage offset {t.storage_offset()} is not a multiple of {vec} elements (16 bytes)"
-    return None
-
-
-def check_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
-    """Raises, naming the argument, for an SDPA call that PyTorch's SDPA rejects
-    in every backend: its math path could not run it either. PyTorch 2.11
-    crashes on some of these (key head dim != query head dim with enable_gqa:
-    SIGSEGV; key or value with 0 heads and enable_gqa: SIGFPE), so they are
-    refused here, before any kernel, ours or PyTorch's, sees them."""
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
-    if q.is_nested or k.is_nested or v.is_nested:
-        return  # PyTorch's nested paths check their own sizes
-    for name, t in (("query", q), ("key", k), ("value", v)):
-        if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., length, head_dim), got shape {tuple(t.shape)}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"key's head dim (size -1) is {k.shape[-1]} but query's is {q.shape[-1]}; they must be equal")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"value's length (size -2) is {v.shape[-2]} but key's is {k.shape[-2]}; they must be equal")
-    if enable_gqa and min(q.dim(), k.dim(), v.dim()) >= 3:
-        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-        for name, h in (("key", hk), ("value", hv)):
-            if h == 0 or hq % h != 0:
-                raise ValueError(f"enable_gqa=True needs {name}'s head count (size -3, here {h}) to divide "
-                                 f"query's ({hq})")
-
-
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
            *, needs_grad: bool | None = None) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
-    Raises (check_args) for arguments PyTorch's SDPA would reject too.
+    Raises (check_sdpa_args) for arguments PyTorch's SDPA would reject too.
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad).
     """
-    check_args(q, k, v, attn_mask, enable_gqa)
+    check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -187,7 +145,7 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     b, hq, length, e = q.shape
     bk, hkv, s, ek = k.shape
     bv, hv, sv, ev = v.shape
-    if ev != e:  # k's differing from q's is an error (check_args); v's is SDPA's to serve
+    if ev != e:  # k's differing from q's is an error (check_sdpa_args); v's is SDPA's to serve
         return _fallback(f"head dims differ: q {e}, k {ek}, v {ev}")
     if bk != b or bv != b or hv != hkv or sv != s:
         return _fallback(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -212,9 +170,8 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
-    vec = 16 // q.element_size()
     for name, t in (("q", q), ("k", k), ("v", v)):
-        bad = _misaligned(name, t, vec)
+        bad = misaligned(name, t)
         if bad is not None:
             return _fallback(bad)
     return decision

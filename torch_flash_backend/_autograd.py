@@ -1,0 +1,30 @@
+"""The autograd formula of the forward op: its backward is the bwd op, which
+recomputes attention from the saved logsumexp."""
+import torch
+
+from . import _fake  # noqa: F401  (the ops and their fake kernels)
+from ._checks import kernel_friendly
+
+_ops = torch.ops.torch_flash_backend
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, scale, is_causal = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale, ctx.is_causal = scale, is_causal
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, out, lse, ctx.scale, ctx.is_causal)
+    return dq, dk, dv, None, None
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("torch_flash_backend: double backward (grad of the attention backward) is not supported")
+
+
+torch.library.register_autograd("torch_flash_backend::fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd("torch_flash_backend::bwd", _no_double_backward)

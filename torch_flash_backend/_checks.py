@@ -1,0 +1,104 @@
+"""Argument checks, each rule once: the ops' inputs (shared by the fake kernels
+and the public function), the SDPA arguments every backend rejects, and the
+layout rule of the kernels' 16-byte vector loads."""
+import math
+
+import torch
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The kernels move 16-byte vectors (and the sm90 forward's TMA descriptors ask
+# the same): every row must start on a 16-byte boundary.
+VECTOR_BYTES = 16
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> None:
+    """Raises ValueError naming the offending argument; the C++ impls check the same."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested or t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense strided tensor (nested and sparse are not supported)")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, length, head_dim), got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.size(-1) > 1:
+            raise ValueError(f"{name} must be contiguous in its last dim (stride(-1) == 1), got strides {t.stride()}")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share one device")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} has dtype {t.dtype} but q has {q.dtype}; all inputs must share one dtype")
+    if q.dtype not in _DTYPES or (q.dtype == torch.float32 and q.device.type == "cuda"):
+        raise ValueError(f"q has dtype {q.dtype}; expected float16 or bfloat16 (float32 only on CPU)")
+    if not (k.size(0) == q.size(0) == v.size(0)):
+        raise ValueError(f"batch sizes differ: q {q.size(0)}, k {k.size(0)}, v {v.size(0)}")
+    if k.size(3) != q.size(3):
+        raise ValueError(f"k head_dim ({k.size(3)}) must equal q head_dim ({q.size(3)})")
+    if v.size(3) != q.size(3):
+        raise ValueError(f"v head_dim ({v.size(3)}) must equal q head_dim ({q.size(3)})")
+    if k.size(1) != v.size(1):
+        raise ValueError(f"k has {k.size(1)} heads but v has {v.size(1)}")
+    if k.size(2) != v.size(2):
+        raise ValueError(f"k has length {k.size(2)} but v has length {v.size(2)}")
+    hq, hkv = q.size(1), k.size(1)
+    if (hq % hkv != 0) if hkv > 0 else hq != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv}) for grouped-query attention")
+    if scale is not None:
+        if not isinstance(scale, (int, float, torch.SymFloat)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if isinstance(scale, (int, float)) and not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale!r}")
+
+
+def check_sdpa_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
+    """Raises, naming the argument, for an SDPA call that PyTorch's SDPA rejects
+    in every backend: its math path could not run it either. PyTorch 2.11
+    crashes on some of these (key head dim != query head dim with enable_gqa:
+    SIGSEGV; key or value with 0 heads and enable_gqa: SIGFPE), so they are
+    refused here, before any kernel, ours or PyTorch's, sees them."""
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
+    if q.is_nested or k.is_nested or v.is_nested:
+        return  # PyTorch's nested paths check their own sizes
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., length, head_dim), got shape {tuple(t.shape)}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"key's head dim (size -1) is {k.shape[-1]} but query's is {q.shape[-1]}; they must be equal")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"value's length (size -2) is {v.shape[-2]} but key's is {k.shape[-2]}; they must be equal")
+    if enable_gqa and min(q.dim(), k.dim(), v.dim()) >= 3:
+        hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+        for name, h in (("key", hk), ("value", hv)):
+            if h == 0 or hq % h != 0:
+                raise ValueError(f"enable_gqa=True needs {name}'s head count (size -3, here {h}) to divide "
+                                 f"query's ({hq})")
+
+
+def misaligned(name: str, t: torch.Tensor) -> str | None:
+    """Why a (B, H, L, E) tensor breaks the vector rule, or None: a contiguous
+    last dim, and every stride along a dim of size > 1 and the storage offset
+    multiples of a 16-byte vector. A metadata read (FakeTensors pass too)."""
+    vec = max(1, VECTOR_BYTES // t.element_size())
+    shape, stride = t.shape, t.stride()
+    if stride[3] != 1 and shape[3] > 1:
+        return f"{name} is not contiguous in its last dim (strides {tuple(stride)})"
+    for d in range(3):
+        if shape[d] > 1 and stride[d] % vec != 0:
+            return f"{name} stride({d}) = {stride[d]} is not a multiple of {vec} elements ({VECTOR_BYTES} bytes)"
+    if t.storage_offset() % vec != 0:
+        return (f"{name} storage offset {t.storage_offset()} is not a multiple of {vec} elements "
+                f"({VECTOR_BYTES} bytes)")
+    return None
+
+
+def kernel_friendly(t: torch.Tensor) -> torch.Tensor:
+    """Incoming gradients (and outputs the provider hook receives) can have any
+    strides (expanded, offset views): a copy in (B, L, H, E) memory when the
+    vector rule does not hold, else t itself."""
+    if misaligned("t", t) is None:
+        return t
+    b, h, length, e = t.shape
+    return t.new_empty((b, length, h, e)).transpose(1, 2).copy_(t)

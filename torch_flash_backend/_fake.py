@@ -1,0 +1,29 @@
+"""Fake (meta) kernels of the ops, for torch.compile and torch.export.
+
+They return exactly the strides the real kernels do (outputs in (B, L, H, E)
+memory, seen as (B, H, L, E)), so compiled graphs and Inductor's stride
+assertions agree with eager execution.
+"""
+import torch
+
+from . import _library  # noqa: F401  (registers the ops)
+from ._checks import check_inputs
+
+
+def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
+    return ref.new_empty((b, length, h, e)).transpose(1, 2)
+
+
+@torch.library.register_fake("torch_flash_backend::fwd")
+def _fwd_fake(q, k, v, scale=None, is_causal=False):
+    check_inputs(q, k, v, scale)
+    b, h, length, e = q.shape
+    return empty_blhe(q, b, h, length, e), q.new_empty((b, h, length), dtype=torch.float32)
+
+
+@torch.library.register_fake("torch_flash_backend::bwd")
+def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False):
+    check_inputs(q, k, v, scale)
+    b, hq, length, e = q.shape
+    hkv, s = k.size(1), k.size(2)
+    return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, e)

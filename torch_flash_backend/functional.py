@@ -1,0 +1,35 @@
+"""The public function: scaled_dot_product_attention's signature on our ops."""
+import torch
+
+from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
+from ._checks import check_inputs
+
+_ops = torch.ops.torch_flash_backend
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """Attention over (B, H, L, E) inputs with this package's kernels; differentiable.
+
+    Takes scaled_dot_product_attention's signature, so a call can swap one for
+    the other: causal masking is top-left aligned, ``scale=None`` means
+    1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
+    ``enable_gqa=True``. No routing: what the kernels do not support
+    (``attn_mask``, ``dropout_p > 0``) raises, naming the argument, instead of
+    falling back.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("flash_attn: attn_mask is not supported (only is_causal masking); "
+                                  "use scaled_dot_product_attention under enable() to fall back for it")
+    if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+        raise NotImplementedError(f"flash_attn: dropout_p={dropout_p!r} is not supported (only 0.0)")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"flash_attn: is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"flash_attn: enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    check_inputs(q, k, v, scale)
+    if q.size(1) != k.size(1) and not enable_gqa:
+        raise ValueError(f"flash_attn: q has {q.size(1)} heads but k/v have {k.size(1)}; pass enable_gqa=True "
+                         "for grouped-query attention")
+    return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal)[0]
