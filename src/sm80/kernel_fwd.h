@@ -27,7 +27,15 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   clear(acc_o);
   OnlineSoftmax<Traits::kRowsPerThread> softmax;
 
-  FwdMainloop<Traits>::run(p, smem, mask, m_block, head, batch, acc_o, softmax);
+  // The fast pass leaves rows whose scores reach 2^10 in exp2 units inexact
+  // (softmax.h); if any did, the CTA starts over with the exact softmax. Such
+  // scores need inputs near 1e5, so the second pass is there for correctness.
+  using Mainloop = FwdMainloop<Traits>;
+  if (__syncthreads_or(Mainloop::template run<false>(p, smem, mask, m_block, head, batch, acc_o, softmax))) {
+    clear(acc_o);
+    softmax = OnlineSoftmax<Traits::kRowsPerThread>();
+    Mainloop::template run<true>(p, smem, mask, m_block, head, batch, acc_o, softmax);
+  }
   Tensor lse = softmax.finalize(acc_o, fabsf(p.scale));
   FwdEpilogue<Traits>::store(p, smem, m_block, head, batch, acc_o, lse);
 }

@@ -30,9 +30,11 @@ struct FwdMainloop {
 
   // Accumulates the tile's un-normalised output into acc_o and the row
   // statistics into softmax. Leaves no cp.async in flight and every thread
-  // past its last read of Q's shared buffer (the epilogue reuses it).
-  template <class AccO, class Softmax>
-  CUTE_DEVICE static void run(AttnFwdParams const& p, char* smem, Mask const& mask, int m_block, int head,
+  // past its last read of Q's shared buffer (the epilogue reuses it). Returns
+  // the softmax's flag: with kExact false, whether a row of this thread needs
+  // the run redone with kExact.
+  template <bool kExact, class AccO, class Softmax>
+  CUTE_DEVICE static bool run(AttnFwdParams const& p, char* smem, Mask const& mask, int m_block, int head,
                               int batch, AccO& acc_o, Softmax& softmax) {
     const int tid = threadIdx.x;
     const int kv_head = head / (p.heads_q / p.heads_kv);
@@ -111,6 +113,7 @@ struct FwdMainloop {
     }
 
     int stage = 0;
+    bool inexact = false;
 #pragma unroll 1
     for (int n_block = n_last; n_block >= 0; --n_block) {
       const int next = kStages == 2 ? stage ^ 1 : 0;
@@ -130,7 +133,7 @@ struct FwdMainloop {
       if (flip) negate_scores(acc_s);
       if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m0, n_block * kBlockN);
       // With two stages V[n_block] is already on its way: do the softmax while it lands.
-      if constexpr (kStages == 2) softmax.update(acc_s, acc_o, scale_log2);
+      if constexpr (kStages == 2) inexact |= softmax.template update<kExact>(acc_s, acc_o, scale_log2);
 
       cp_async_wait<kStages - 1>();  // V[n_block] has landed
       __syncthreads();               // ... for every thread, and the buffer refilled next is unread
@@ -142,13 +145,14 @@ struct FwdMainloop {
         }
       }
       cp_async_fence();
-      if constexpr (kStages == 1) softmax.update(acc_s, acc_o, scale_log2);
+      if constexpr (kStages == 1) inexact |= softmax.template update<kExact>(acc_s, acc_o, scale_log2);
 
       Tensor p_frag = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand_layout(p_frag.layout()));
       gemm_rs(mma, acc_o, tOrP, tOrVt, thr_copy_v.retile_D(tOrVt), at_stage(tOsVt, stage), copy_v);
       stage = next;
     }
+    return inexact;
   }
 };
 

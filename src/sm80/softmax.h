@@ -15,7 +15,9 @@
 // difference is then exactly 0), and the FFMA runs on them with scale 1, bias 0.
 // The fix-up sits before the FFMA pass, in a branch the warp takes as one, so
 // the common path keeps the pass and the row sums after it in one block (a
-// branch between them cost the head dim 64 forward 9-13%).
+// branch between them cost the head dim 64 forward 9-13%). A kernel may also
+// run without the fix-up and redo its work with it when a row needed it
+// (update_stats' kExact).
 #pragma once
 
 #include "sm80/utils.h"
@@ -38,6 +40,8 @@ struct OnlineSoftmax {
   // partial sums are combined once, in finalize).
   Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_max;
   Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_sum;
+  // Set by each update: the factor O's rows are to be scaled by.
+  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> correction;
 
   CUTE_DEVICE OnlineSoftmax() {
     fill(row_max, -INFINITY);
@@ -47,32 +51,32 @@ struct OnlineSoftmax {
   // Folds a tile of scores into the running statistics: rescales acc_o's rows
   // for the new max and overwrites acc_s with unnormalised probabilities.
   // acc_s / acc_o are accumulator fragments (4, MMA_M, MMA_N) with kRows rows.
-  template <class TensorS, class TensorO>
-  CUTE_DEVICE void update(TensorS& acc_s, TensorO& acc_o, float scale_log2) {
+  // Returns update_stats' flag.
+  template <bool kExact = true, class TensorS, class TensorO>
+  CUTE_DEVICE bool update(TensorS& acc_s, TensorO& acc_o, float scale_log2) {
     Tensor s = acc_rowcol(acc_s);
     Tensor o = acc_rowcol(acc_o);
-    update_rows(s, o, scale_log2);
-  }
-
-  // The same on (row, col) views of the fragments, for any MMA's layout.
-  template <class RowColS, class RowColO>
-  CUTE_DEVICE void update_rows(RowColS& s, RowColO& o, float scale_log2) {
-    static_assert(decltype(size<0>(o))::value == kRows);
-    Tensor correction = update_stats(s, scale_log2);
+    const bool inexact = update_stats<kExact>(s, scale_log2);
     scale_rows(o, correction);
+    return inexact;
   }
 
-  // update_rows without touching O: returns the per-row factor O must be
-  // scaled by, so a kernel can compute it while a GEMM still writes O.
-  template <class RowColS>
-  CUTE_DEVICE auto update_stats(RowColS& s, float scale_log2) {
+  // update without touching O, on a (row, col) view of the scores: leaves in
+  // `correction` the per-row factor O must be scaled by, so a kernel can apply
+  // it once a GEMM still writing O is done.
+  //
+  // kExact = false skips the fix-up and its branch, which lets ptxas
+  // interleave the ex2s with the P.V MMAs that follow (the branch cost the
+  // sm80 forward 4-10%). It returns whether one of this thread's rows needed
+  // the fix-up; the kernel then redoes its work with kExact = true.
+  template <bool kExact = true, class RowColS>
+  CUTE_DEVICE bool update_stats(RowColS& s, float scale_log2) {
     static_assert(decltype(size<0>(s))::value == kRows);
     Tensor new_max = make_tensor_like(row_max);
     copy(row_max, new_max);
     reduce_rows_local(s, new_max, MaxOp{});
     Tensor bias = make_tensor_like(row_max);
     Tensor scale = make_tensor_like(row_max);
-    Tensor correction = make_tensor_like(row_max);
     bool large = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -87,20 +91,22 @@ struct OnlineSoftmax {
       scale(r) = scale_log2;
       large |= fabsf(bias(r)) >= kFusedLimit;
     }
-    if (__any_sync(0xffffffffu, large)) {
+    if constexpr (kExact) {
+      if (__any_sync(0xffffffffu, large)) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (fabsf(bias(r)) >= kFusedLimit) {
+        for (int r = 0; r < kRows; ++r) {
+          if (fabsf(bias(r)) >= kFusedLimit) {
 #pragma unroll
-          for (int c = 0; c < size<1>(s); ++c) s(r, c) = __fmul_rn(s(r, c), scale_log2) - bias(r);
-          scale(r) = 1.f;
-          bias(r) = 0.f;
+            for (int c = 0; c < size<1>(s); ++c) s(r, c) = __fmul_rn(s(r, c), scale_log2) - bias(r);
+            scale(r) = 1.f;
+            bias(r) = 0.f;
+          }
         }
       }
     }
     exp2_rows(s, bias, scale);
     reduce_rows_local(s, row_sum, SumOp{});
-    return correction;
+    return !kExact && large;
   }
 
   // Normalises acc_o and returns, per row, the natural-log logsumexp of the

@@ -198,7 +198,7 @@ struct FwdMainloop {
       Tensor s = acc_rowcol(acc_s);
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);
-      Tensor correction = softmax.update_stats(s, scale_log2);
+      softmax.update_stats(s, scale_log2);
       bool max_moved = true;
       if constexpr (Traits::kSkipUnitRescale) {
         max_moved = false;
@@ -211,7 +211,7 @@ struct FwdMainloop {
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       Tensor o = acc_rowcol(acc_o);
-      if (max_moved) sm80::scale_rows(o, correction);
+      if (max_moved) sm80::scale_rows(o, softmax.correction);
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;
