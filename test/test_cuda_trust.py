@@ -4,6 +4,7 @@ deterministic backward. Every forward family runs each case (the `family`
 fixture); the backward is sm80's.
 """
 import contextlib
+import math
 import warnings
 
 import pytest
@@ -177,7 +178,10 @@ def test_batch_times_heads_past_grid_limit(family, shape):
     grads = torch.autograd.grad(out, (q, k, v), grad)
     bases, refs = _pytorch(q, k, v, grad, is_causal=True)
     for name, ours, base, ref in zip(("out", "dq", "dk", "dv"), (out, *grads), bases, refs):
-        assert_within_baseline(name, ours, base, ref)
+        # Over 10^8 elements one rounding may fall either way (one bf16 ulp); a
+        # grid that lost or swapped heads would be off by the values themselves.
+        ulp = 2.0 ** (math.floor(math.log2(ref.abs().max().item())) - 7)
+        assert_within_baseline(name, ours, base, ref, floor=ulp)
 
 
 # The last case has batch x kv heads past the SM count: one dQ split, one CTA per (kv head, batch).
