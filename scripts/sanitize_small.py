@@ -4,8 +4,8 @@ sm90 forward), the backward being sm80's either way. Head dim 192 is the sm90
 forward that stages O in Q's buffer; the bf16 shape with more query tiles than
 SMs has the persistent sm90 CTAs run several tiles, reusing their buffers.
 Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
-backward (CTAs walking several key blocks into their own dQ split), and more
-heads than grid y holds.
+backward (CTAs walking several key blocks into their own dQ split), scores
+large enough for the exact softmax pass, and more heads than grid y holds.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default]
 
@@ -50,6 +50,11 @@ def edges(e):
         ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, True)
     finally:
         torch.use_deterministic_algorithms(False)
+    # Scores near 1e11: the sm80 forward's CTAs start over with the exact
+    # softmax, reusing their shared buffers (a causal and a plain shape).
+    big = torch.full((1, 2, 300, e), 133120.0, device="cuda", dtype=torch.bfloat16)
+    ops.fwd(big, big, big, None, True)
+    ops.fwd(big[:, :, :70], big, big, None, False)
     q = torch.randn(1, 65600, 1, e, device="cuda", dtype=torch.bfloat16)
     out, lse = ops.fwd(q, q, q, None, False)
     ops.bwd(torch.randn_like(out), q, q, q, out, lse, None, False)
