@@ -110,7 +110,7 @@ def extension():
         return CppExtension(
             "torch_flash_backend.lib.libtorch_flash_backend",
             sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
+            include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "src")],
             extra_compile_args={"cxx": cxx},
             extra_link_args=link,
             py_limited_api=True,

@@ -55,6 +55,28 @@ def test_src_quoted_includes_stay_in_src():
     assert not bad, "quoted includes under src/ that do not resolve inside src/:\n" + "\n".join(bad)
 
 
+def _family_of(path):
+    """src/<family>/... -> family; None for src/common and the top level."""
+    parts = path.split(os.sep)
+    return parts[1] if len(parts) > 2 and parts[1] not in ("common",) else None
+
+
+def test_families_include_only_their_own_headers_and_common():
+    """One family never reaches into another's headers (shared parts live in
+    src/common/), and src/common/ includes no family."""
+    bad = []
+    for path, quote, header in _includes("src"):
+        if quote != '"' or not path.endswith((".h", ".cuh", ".cu", ".cpp")):
+            continue  # a generator's template line is not an include
+        target = header.split("/")[0] if "/" in header else None
+        family = _family_of(path)
+        if target is None or target == "common":
+            continue
+        if family is None or target != family:
+            bad.append(f"{path}: #include \"{header}\"")
+    assert not bad, "cross-family includes under src/:\n" + "\n".join(bad)
+
+
 def test_csrc_never_includes_python():
     includes = _includes("csrc")
     assert includes, "found no #include under csrc/"

@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include "attention.h"
+#include "common/mask.h"
 
 // The matmul is the hot loop: build an AVX2/FMA copy beside the baseline one
 // and let the loader pick, so one binary is fast where it can be and runs everywhere.
@@ -132,10 +133,16 @@ TFB_VECTOR_CLONES void matmul_acc(const float* a, int64_t lda, const float* b, i
   for (; i < m; ++i) matmul_rows<1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
 }
 
-// Keys of a block starting at k0 that query row i sees: top-left causal
-// means j <= i, whatever L and S are.
-int64_t visible_keys(bool is_causal, int64_t i, int64_t k0, int64_t block) {
-  return is_causal ? std::clamp<int64_t>(i - k0 + 1, 0, block) : block;
+// The kernels' mask rule (src/common/mask.h), for SDPA's is_causal: top-left
+// aligned, whatever L and S are.
+tfb::mask::CausalOrNone band_of(bool is_causal, const AttnShape& s) {
+  return tfb::mask::causal_if(is_causal, static_cast<int>(s.len_q), static_cast<int>(s.len_k));
+}
+
+// Keys of a block starting at k0 that query row i sees (the band has no left
+// edge, so they are the block's first ones).
+int64_t visible_keys(const tfb::mask::CausalOrNone& band, int64_t i, int64_t k0, int64_t block) {
+  return std::clamp<int64_t>(band.key_end(static_cast<int>(i)) - k0, 0, block);
 }
 
 // A row whose lse is -inf saw no key, so its probabilities must be 0;
@@ -173,6 +180,7 @@ void softmax_step(float* s, int64_t visible, int64_t width, float scale, float& 
 template <typename T>
 void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                 const at::Tensor& lse, const AttnShape& s, float scale, bool is_causal) {
+  const auto band = band_of(is_causal, s);
   const Rows<const T> Q(q), K(k), V(v);
   const Rows<T> O(out);
   float* lse_data = lse.data_ptr<float>();
@@ -190,8 +198,8 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
       std::fill(row_sum.begin(), row_sum.end(), 0.f);
-      // Key blocks past the last row's diagonal are masked for every row here.
-      const int64_t k_end = is_causal ? std::min(s.len_k, r0 + rows) : s.len_k;
+      // Key blocks past the last row's band are masked for every row here.
+      const int64_t k_end = band.key_end(static_cast<int>(r0 + rows - 1));
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, k_end - k0), width = round_up(cols, kVec);
         load_tile(K, b, hk, k0, cols, E, k_tile.data(), ld);
@@ -200,7 +208,7 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
         std::fill(scores.begin(), scores.end(), 0.f);
         matmul_acc(q_tile.data(), ld, kt_tile.data(), kBlockK, scores.data(), kBlockK, rows, width, E);
         for (int64_t i = 0; i < rows; ++i) {
-          softmax_step(scores.data() + i * kBlockK, visible_keys(is_causal, r0 + i, k0, cols), width, scale,
+          softmax_step(scores.data() + i * kBlockK, visible_keys(band, r0 + i, k0, cols), width, scale,
                        row_max[i], row_sum[i], acc.data() + i * ld, E);
         }
         matmul_acc(scores.data(), kBlockK, v_tile.data(), ld, acc.data(), ld, rows, ld, cols);
@@ -239,6 +247,7 @@ template <typename T>
 void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const float* lse, const float* delta, const at::Tensor& dq, const AttnShape& s, float scale,
                    bool is_causal) {
+  const auto band = band_of(is_causal, s);
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dQ(dq);
   const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
@@ -257,7 +266,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
       load_tile(dO, b, h, r0, rows, E, do_tile.data(), ld);
       std::fill(acc.begin(), acc.end(), 0.f);
-      const int64_t k_end = is_causal ? std::min(s.len_k, r0 + rows) : s.len_k;
+      const int64_t k_end = band.key_end(static_cast<int>(r0 + rows - 1));
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, k_end - k0), width = round_up(cols, kVec);
         load_tile(K, b, hk, k0, cols, E, k_tile.data(), ld);
@@ -273,7 +282,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
           float* ds = scores.data() + i * kBlockK;
           const float* dpi = dp.data() + i * kBlockK;
           const float l = lse_for_exp(lse_row[i]), d = delta_row[i];
-          const int64_t visible = visible_keys(is_causal, r0 + i, k0, cols);
+          const int64_t visible = visible_keys(band, r0 + i, k0, cols);
           for (int64_t j = 0; j < visible; ++j) ds[j] = std::exp(ds[j] * scale - l) * (dpi[j] - d);
           std::fill(ds + visible, ds + cols, 0.f);
         }
@@ -291,6 +300,7 @@ template <typename T>
 void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const float* lse, const float* delta, const at::Tensor& dk, const at::Tensor& dv,
                      const AttnShape& s, float scale, bool is_causal) {
+  const auto band = band_of(is_causal, s);
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dK(dk), dV(dv);
   const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
@@ -310,8 +320,8 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const float* lse_head = lse + (b * s.heads_q + h) * s.len_q;
         const float* delta_head = delta + (b * s.heads_q + h) * s.len_q;
-        // Query rows above this block's first key see none of it.
-        for (int64_t r0 = is_causal ? k0 : 0; r0 < s.len_q; r0 += kBlockQ) {
+        // Query rows before the first one that sees this block's first key see none of it.
+        for (int64_t r0 = band.row_begin(static_cast<int>(k0)); r0 < s.len_q; r0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, s.len_q - r0), width = round_up(rows, kVec);
           load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
           transpose_tile(q_tile.data(), ld, rows, E, qt_tile.data(), kBlockQ);
@@ -325,8 +335,8 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           for (int64_t j = 0; j < cols; ++j) {
             float* pj = p.data() + j * kBlockQ;
             float* dsj = ds.data() + j * kBlockQ;
-            // Rows before the key's diagonal do not see it.
-            const int64_t first = is_causal ? std::clamp<int64_t>(k0 + j - r0, 0, rows) : 0;
+            // Rows before row_begin do not see the key.
+            const int64_t first = std::clamp<int64_t>(band.row_begin(static_cast<int>(k0 + j)) - r0, 0, rows);
             std::fill(pj, pj + first, 0.f);
             std::fill(dsj, dsj + first, 0.f);
             for (int64_t i = first; i < rows; ++i) {

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
   }
   CUTE_UNROLL
   for (int i = 0; i < size(acc); ++i) acc(i) *= p.scale;
-  Tensor r = convert_frag<Element>(acc);
+  Tensor r = convert_fragment<Element>(acc);
 
   Tensor sdQ = make_tensor(make_smem_ptr(smem), typename Traits::SmemLayoutQ{});
   auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmadQ{});

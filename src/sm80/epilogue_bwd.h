@@ -22,7 +22,7 @@ struct BwdEpilogue {
 
   template <class Acc>
   CUTE_DEVICE void stage(Acc const& acc, Element* s) const {
-    Tensor r = convert_frag<Element>(acc);
+    Tensor r = convert_fragment<Element>(acc);
     auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmadKV{});
     auto thr = r2s.get_thread_slice(tid);
     Tensor dst = thr.partition_D(make_tensor(make_smem_ptr(s), typename Traits::SmemLayoutKV{}));

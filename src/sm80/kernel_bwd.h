@@ -25,12 +25,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
   // Default: gridDim.x = key blocks and one shared accumulator. Deterministic:
   // gridDim.x = ws.splits, and this CTA alone adds into split blockIdx.x.
   float* dq_accum = ws.dq_accum + (ws.splits > 1 ? blockIdx.x * ws.split_elems : 0);
-  const int n_blocks = (p.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const typename BwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.len_q, p.len_k)};
+  const int n_blocks = mask.num_n_blocks();
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
   Tensor acc_dk = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
   Tensor acc_dv = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
   for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
-    const BwdBlock blk(p, Traits::kBlockM, Traits::kBlockN, n_block, head_kv, batch);
+    const BwdBlock blk(p, mask, n_block, head_kv, batch);
     clear(acc_dk);
     clear(acc_dv);
     BwdMainloop<Traits>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "params.h"
+#include "common/mask.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
 #include "sm80/workspace_bwd.h"
@@ -18,15 +19,16 @@ namespace tfb::sm80::bwd {
 // dK and dV sum over the group in registers, in a fixed order.
 struct BwdBlock {
   int n_block, head_kv, batch, group;
-  int m_begin;  // first query block that sees the keys (causal: rows i >= first key)
+  int m_begin;  // first query block that sees the keys (the mask's m_blocks)
   int m_count;  // query blocks per head from m_begin on
   int steps;
 
-  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, int block_m, int block_n, int n_block_, int head_kv_, int batch_)
+  template <class Walk>
+  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, Walk const& mask, int n_block_, int head_kv_, int batch_)
       : n_block(n_block_), head_kv(head_kv_), batch(batch_), group(p.heads_q / p.heads_kv) {
-    const int m_blocks = (p.len_q + block_m - 1) / block_m;
-    m_begin = p.is_causal ? n_block * block_n / block_m : 0;
-    m_count = m_begin < m_blocks ? m_blocks - m_begin : 0;
+    const auto m_blocks = mask.m_blocks(n_block);
+    m_begin = m_blocks.begin;
+    m_count = m_blocks.end - m_blocks.begin;
     steps = group * m_count;
   }
 
@@ -43,6 +45,7 @@ template <class Traits>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kE = Traits::kHeadDim;
+  using Mask = mask::TileWalk<kM, kN, mask::CausalOrNone>;
   using TileQ = Shape<Int<kM>, Int<kE>>;
   using TileKV = Shape<Int<kN>, Int<kE>>;
 
@@ -94,7 +97,7 @@ struct BwdMainloop {
   // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
   template <class Acc>
   CUTE_DEVICE void store_frag(Acc const& acc, Element* s) const {
-    Tensor r = convert_frag<Element>(acc);
+    Tensor r = convert_fragment<Element>(acc);
     auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmaSdP{});
     auto thr = r2s.get_thread_slice(tid);
     Tensor src = thr.retile_S(r);
@@ -121,13 +124,12 @@ struct BwdMainloop {
     Tensor sdSt = view(smem + Traits::kOffdS, typename Traits::SmemLayoutPt{});
 
     // (row, col) of each accumulator element of S and dP, within the tile.
-    Tensor coord = rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{})));
+    Tensor coord = acc_rowcol(thr_sdp.partition_C(make_identity_tensor(Shape<Int<kM>, Int<kN>>{})));
     constexpr int kRows = decltype(size<0>(coord))::value;
     constexpr int kCols = decltype(size<1>(coord))::value;
 
     const int n0 = blk.n_block * kN;
-    // Only tiles that cross the diagonal or the end of the keys need masking.
-    const bool keys_ragged = n0 + kN > p.len_k;
+    const Mask mask{mask::causal_if(p.is_causal, p.len_q, p.len_k)};
 
     load_k_v(p, blk);
     BwdBlock::Step cur = blk.first();
@@ -168,9 +170,9 @@ struct BwdMainloop {
       // before dP is computed, so that its stores overlap the dP GEMM.
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
       clear(acc_s);
-      gemm_ss<LoadN, LoadN>(acc_s, mma_sdp, view(q_buf(sq), typename Traits::SmemLayoutQ{}), sK, tid);
-      const bool need_mask = keys_ragged || (p.is_causal && n0 + kN - 1 > m0);
-      Tensor prob = rowcol_view(acc_s);
+      gemm_ss_tile<LoadN, LoadN>(acc_s, mma_sdp, view(q_buf(sq), typename Traits::SmemLayoutQ{}), sK, tid);
+      const bool need_mask = mask.needs_predicate(cur.m_block, blk.n_block);
+      Tensor prob = acc_rowcol(acc_s);
       // Masked tiles take their own unrolled pass, in which row r keeps the
       // tile's columns [0, limit(r)): a branch per score (the obvious `if
       // (hidden) x = 0`) splits the pass into basic blocks and serialises each
@@ -191,10 +193,7 @@ struct BwdMainloop {
         }
       };
       if (need_mask) {
-        exp_scores(cute::true_type{}, [&](int r) {
-          const int keys_left = p.len_k - n0;
-          return p.is_causal ? min(keys_left, m0 + get<0>(coord(r, 0)) - n0 + 1) : keys_left;
-        });
+        exp_scores(cute::true_type{}, [&](int r) { return mask.policy.key_end(m0 + get<0>(coord(r, 0))) - n0; });
       } else {
         exp_scores(cute::false_type{}, [](int) { return kN; });
       }
@@ -203,8 +202,8 @@ struct BwdMainloop {
       // dS = P * (dP - D)
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
       clear(acc_dp);
-      gemm_ss<LoadN, LoadN>(acc_dp, mma_sdp, view(do_buf(sdo), typename Traits::SmemLayoutQ{}), sV, tid);
-      Tensor ds = rowcol_view(acc_dp);
+      gemm_ss_tile<LoadN, LoadN>(acc_dp, mma_sdp, view(do_buf(sdo), typename Traits::SmemLayoutQ{}), sV, tid);
+      Tensor ds = acc_rowcol(acc_dp);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -213,7 +212,7 @@ struct BwdMainloop {
       store_frag(acc_dp, smem + Traits::kOffdS);
       __syncthreads();
 
-      gemm_ss<LoadT, LoadT>(acc_dv, mma_dkv, sPt, view(do_buf(sdo), typename Traits::SmemLayoutQt{}), tid);
+      gemm_ss_tile<LoadT, LoadT>(acc_dv, mma_dkv, sPt, view(do_buf(sdo), typename Traits::SmemLayoutQt{}), tid);
       if (Traits::kStagesdO == 1 && has_next) {
         // Single buffer: dO is dead after dV; its next tile lands during dQ and dK.
         __syncthreads();
@@ -224,12 +223,12 @@ struct BwdMainloop {
       // The atomics are fire-and-forget: they drain while dK is computed.
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kM>, Int<kE>>{});
       clear(acc_dq);
-      gemm_ss<LoadN, LoadT>(acc_dq, mma_dq, sdS, sKt, tid);
+      gemm_ss_tile<LoadN, LoadT>(acc_dq, mma_dq, sdS, sKt, tid);
       float* dq_mine = dq_accum + stat0 * kE + tid;
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); ++i) atomicAdd(dq_mine + i * Traits::kThreads, acc_dq(i));
 
-      gemm_ss<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(sq), typename Traits::SmemLayoutQt{}), tid);
+      gemm_ss_tile<LoadT, LoadT>(acc_dk, mma_dkv, sdSt, view(q_buf(sq), typename Traits::SmemLayoutQt{}), tid);
       if (Traits::kStagesQ == 1 && has_next) {
         __syncthreads();
         load_q(p, blk, nxt, 0);

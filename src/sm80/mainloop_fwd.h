@@ -6,9 +6,9 @@
 #pragma once
 
 #include "params.h"
+#include "common/mask_apply.h"
+#include "common/softmax.h"
 #include "sm80/kernel_traits_fwd.h"
-#include "sm80/mask.h"
-#include "sm80/softmax.h"
 #include "sm80/utils.h"
 
 namespace tfb {
@@ -21,7 +21,7 @@ struct FwdMainloop {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kStages = Traits::kStages;
-  using Mask = AttnMask<kBlockM, kBlockN>;
+  using Mask = mask::TileWalk<kBlockM, kBlockN, mask::CausalOrNone>;
 
   template <class T>
   CUTE_DEVICE static auto at_stage(T const& stage0, int stage) {
@@ -102,7 +102,7 @@ struct FwdMainloop {
     const bool flip = p.scale_log2 < 0.f;
     const float scale_log2 = fabsf(p.scale_log2);
     const int m0 = m_block * kBlockM;
-    const int n_last = mask.n_block_end(m_block) - 1;
+    const int n_last = mask.n_blocks(m_block).end - 1;
 
     copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, p.len_q - m0);
     load_k(n_last, 0);
@@ -112,6 +112,7 @@ struct FwdMainloop {
       cp_async_fence();
     }
 
+    Tensor o = acc_rowcol(acc_o);
     int stage = 0;
     bool inexact = false;
 #pragma unroll 1
@@ -131,9 +132,10 @@ struct FwdMainloop {
       gemm_ss(mma, acc_s, tSrQ, tSrK, thr_copy_q.retile_D(tSrQ), thr_copy_k.retile_D(tSrK), tSsQ,
               at_stage(tSsK, stage), copy_q, copy_k);
       if (flip) negate_scores(acc_s);
-      if (mask.needs_mask(m_block, n_block)) mask.apply(acc_s, tScS, m0, n_block * kBlockN);
+      Tensor s = acc_rowcol(acc_s);
+      if (mask.needs_predicate(m_block, n_block)) mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
       // With two stages V[n_block] is already on its way: do the softmax while it lands.
-      if constexpr (kStages == 2) inexact |= softmax.template update<kExact>(acc_s, acc_o, scale_log2);
+      if constexpr (kStages == 2) inexact |= softmax.template update_rows<kExact>(s, o, scale_log2);
 
       cp_async_wait<kStages - 1>();  // V[n_block] has landed
       __syncthreads();               // ... for every thread, and the buffer refilled next is unread
@@ -145,7 +147,7 @@ struct FwdMainloop {
         }
       }
       cp_async_fence();
-      if constexpr (kStages == 1) inexact |= softmax.template update<kExact>(acc_s, acc_o, scale_log2);
+      if constexpr (kStages == 1) inexact |= softmax.template update_rows<kExact>(s, o, scale_log2);
 
       Tensor p_frag = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand_layout(p_frag.layout()));

@@ -1,7 +1,7 @@
-// Small device primitives shared by the sm80 attention kernels (forward and
-// backward): register-layout views of MMA fragments, row reductions across the
-// lanes that share a row, exp2 with a fused scale, fragment type conversion,
-// shared-memory staged GEMMs and predicated global<->shared copies.
+// Device primitives of the sm80 forward: register-layout views of mma.sync
+// fragments, shared-memory staged GEMMs and predicated global<->shared copies.
+// What every family uses (row reductions, exp2, conversions) is in
+// common/fragment.h.
 //
 // Fragment conventions (SM80 m16n8k16 MMA): an accumulator fragment has shape
 // (4, MMA_M, MMA_N). Lane l of a warp holds rows l/4 and l/4 + 8 and columns
@@ -12,8 +12,8 @@
 #include <cmath>
 
 #include <cute/tensor.hpp>
-#include <cutlass/array.h>
-#include <cutlass/numeric_conversion.h>
+
+#include "common/fragment.h"
 
 namespace tfb {
 namespace sm80 {
@@ -36,8 +36,9 @@ CUTE_HOST_DEVICE constexpr auto acc_rowcol_layout(Layout const& acc) {
                      make_layout(get<0, 0>(split), get<2>(split)));
 }
 
-template <class Engine, class Layout>
-CUTE_HOST_DEVICE constexpr auto acc_rowcol(Tensor<Engine, Layout>& acc) {
+// A view: acc is a register fragment (an lvalue) or a coordinate tensor.
+template <class Acc>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol(Acc&& acc) {
   return make_tensor(acc.data(), acc_rowcol_layout(acc.layout()));
 }
 
@@ -50,72 +51,6 @@ CUTE_HOST_DEVICE constexpr auto acc_as_a_operand_layout(Layout const& acc) {
   static_assert(decltype(size<2>(acc))::value % 2 == 0);
   auto split = logical_divide(acc, Shape<Underscore, Underscore, _2>{});  // (4, MMA_M, (2, MMA_N / 2))
   return make_layout(make_layout(get<0>(split), get<2, 0>(split)), get<1>(split), get<2, 1>(split));
-}
-
-// ---------------------------------------------------------------------------
-// Arithmetic on register fragments
-
-// Copy of a register fragment in another element type, with the converter
-// that packs pairs (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32).
-template <typename To, class Engine, class Layout>
-CUTE_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
-  using From = typename Engine::value_type;
-  constexpr int kSize = decltype(size(src))::value;
-  cutlass::NumericArrayConverter<To, From, kSize> convert;
-  Tensor dst = make_tensor<To>(src.layout());
-  *reinterpret_cast<cutlass::Array<To, kSize>*>(dst.data()) =
-      convert(*reinterpret_cast<cutlass::Array<From, kSize> const*>(src.data()));
-  return dst;
-}
-
-struct MaxOp {
-  CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct SumOp {
-  CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
-};
-
-// Reduce over the kLanes consecutive lanes that share a row (4 for an MMA
-// accumulator); every one of them gets the result.
-template <int kLanes = 4, class Op>
-CUTE_DEVICE float lane_allreduce(float x, Op op) {
-  static_assert(kLanes == 1 || kLanes == 2 || kLanes == 4 || kLanes == 8 || kLanes == 16 || kLanes == 32);
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-    x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  }
-  return x;
-}
-
-// out(r) = op(init(r), tensor(r, c) over this thread's columns c). Thread-local:
-// follow with lane_allreduce for the full row.
-template <class Engine, class Layout, class Out, class Op>
-CUTE_DEVICE void reduce_rows_local(Tensor<Engine, Layout> const& rowcol, Out& out, Op op) {
-  static_assert(decltype(rank(rowcol))::value == 2);
-#pragma unroll
-  for (int r = 0; r < size<0>(rowcol); ++r) {
-#pragma unroll
-    for (int c = 0; c < size<1>(rowcol); ++c) out(r) = op(out(r), rowcol(r, c));
-  }
-}
-
-// x -> 2^(x * scale(r) - bias(r)) per row, the argument one FFMA.
-template <class Engine, class Layout, class Bias, class Scale>
-CUTE_DEVICE void exp2_rows(Tensor<Engine, Layout>& rowcol, Bias const& bias, Scale const& scale) {
-#pragma unroll
-  for (int r = 0; r < size<0>(rowcol); ++r) {
-#pragma unroll
-    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) = exp2f(rowcol(r, c) * scale(r) - bias(r));
-  }
-}
-
-template <class Engine, class Layout, class Factor>
-CUTE_DEVICE void scale_rows(Tensor<Engine, Layout>& rowcol, Factor const& factor) {
-#pragma unroll
-  for (int r = 0; r < size<0>(rowcol); ++r) {
-#pragma unroll
-    for (int c = 0; c < size<1>(rowcol); ++c) rowcol(r, c) *= factor(r);
-  }
 }
 
 // ---------------------------------------------------------------------------

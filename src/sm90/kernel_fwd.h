@@ -7,7 +7,8 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "sm80/softmax.h"
+#include "common/mask.h"
+#include "common/softmax.h"
 #include "sm90/epilogue_fwd.h"
 #include "sm90/mainloop_fwd.h"
 #include "sm90/tile_scheduler.h"
@@ -20,7 +21,7 @@ struct FwdKernelParams {
   typename FwdMainloop<Traits>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
-  sm80::AttnMask<Traits::kBlockM, Traits::kBlockN> mask;
+  typename FwdMainloop<Traits>::Mask mask;
   float scale;
 };
 
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
     for (int pos = p.scheduler.first(); p.scheduler.valid(pos); pos = p.scheduler.next(pos), ++local_tile_count) {
       const auto tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-      sm80::OnlineSoftmax<2> softmax;
+      OnlineSoftmax<2> softmax;
       Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask, tile.m_block, local_tile_count,
                         thread_idx, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);

@@ -19,8 +19,8 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "params.h"
-#include "sm80/mask.h"
-#include "sm80/softmax.h"
+#include "common/mask_apply.h"
+#include "common/softmax.h"
 #include "sm90/tile_scheduler.h"
 #include "sm90/utils.h"
 
@@ -39,7 +39,7 @@ struct FwdMainloop {
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename cutlass::PipelineState<Traits::kStages>;
   using SharedStorage = typename Traits::SharedStorage;
-  using Mask = sm80::AttnMask<Traits::kBlockM, Traits::kBlockN>;
+  using Mask = mask::TileWalk<Traits::kBlockM, Traits::kBlockN, mask::CausalOrNone>;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -78,7 +78,7 @@ struct FwdMainloop {
       auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-      const int n_end = mask.n_block_end(tile.m_block);
+      const int n_end = mask.n_blocks(tile.m_block).end;
       // The first K tile goes first: it waits for nothing, while Q waits
       // until the previous tile is done with Q's buffer.
       pipeline_k.producer_acquire(write);
@@ -145,14 +145,14 @@ struct FwdMainloop {
       }
     };
     auto mask_scores = [&](auto& acc_s, int n_block) {
-      if (flip) sm80::negate_scores(acc_s);
-      if (mask.needs_mask(m_block, n_block)) {
-        mask.apply_by_row_limit(acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+      if (flip) negate_scores(acc_s);
+      if (mask.needs_predicate(m_block, n_block)) {
+        mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
       }
     };
 
     clear(acc_o);
-    const int n_end = mask.n_block_end(m_block);
+    const int n_end = mask.n_blocks(m_block).end;
     shared.q_full.wait(local_tile_count & 1);
     if constexpr (Traits::kQInRegisters) {  // once per query tile
       auto load_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
@@ -211,7 +211,7 @@ struct FwdMainloop {
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       Tensor o = acc_rowcol(acc_o);
-      if (max_moved) sm80::scale_rows(o, softmax.correction);
+      if (max_moved) scale_rows(o, softmax.correction);
       convert_fragment_into(acc_s, p_regs);
       read_v = read;
       ++read;

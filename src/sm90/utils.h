@@ -10,13 +10,12 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
-#include "sm80/utils.h"
+#include "common/fragment.h"
 
 namespace tfb {
 namespace sm90 {
 
 using namespace cute;
-using sm80::convert_fragment;
 
 // (rows, cols) = ((2, MMA_M), (2, N/8, MMA_N)) view of an accumulator layout.
 template <class Layout>

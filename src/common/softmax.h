@@ -1,4 +1,5 @@
-// Online softmax over key tiles (exp2 form), for rows held in MMA accumulators.
+// Online softmax over key tiles (exp2 form), for rows held in MMA accumulators,
+// on (row, col) views of them (each family views its own MMA layouts).
 //
 // Scores arrive unscaled (raw q.k). The running max is kept in the same units;
 // scale_log2 = scale * log2(e) turns score - max into a power of two, so each
@@ -20,15 +21,18 @@
 // (update_stats' kExact).
 #pragma once
 
-#include "sm80/utils.h"
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "common/fragment.h"
 
 namespace tfb {
-namespace sm80 {
 
 template <class Engine, class Layout>
-CUTE_DEVICE void negate_scores(Tensor<Engine, Layout>& acc) {
+CUTE_DEVICE void negate_scores(cute::Tensor<Engine, Layout>& acc) {
 #pragma unroll
-  for (int i = 0; i < size(acc); ++i) acc(i) = -acc(i);
+  for (int i = 0; i < cute::size(acc); ++i) acc(i) = -acc(i);
 }
 
 constexpr float kFusedLimit = 1024.f;
@@ -38,24 +42,22 @@ struct OnlineSoftmax {
   // Per row this thread holds: running max of the raw scores, and the sum of
   // 2^((s - max) * scale_log2) over this thread's columns only (the quad's
   // partial sums are combined once, in finalize).
-  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_max;
-  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> row_sum;
+  cute::Tensor<cute::ArrayEngine<float, kRows>, cute::Layout<cute::Shape<cute::Int<kRows>>>> row_max;
+  cute::Tensor<cute::ArrayEngine<float, kRows>, cute::Layout<cute::Shape<cute::Int<kRows>>>> row_sum;
   // Set by each update: the factor O's rows are to be scaled by.
-  Tensor<ArrayEngine<float, kRows>, Layout<Shape<Int<kRows>>>> correction;
+  cute::Tensor<cute::ArrayEngine<float, kRows>, cute::Layout<cute::Shape<cute::Int<kRows>>>> correction;
 
   CUTE_DEVICE OnlineSoftmax() {
-    fill(row_max, -INFINITY);
-    fill(row_sum, 0.f);
+    cute::fill(row_max, -INFINITY);
+    cute::fill(row_sum, 0.f);
   }
 
-  // Folds a tile of scores into the running statistics: rescales acc_o's rows
-  // for the new max and overwrites acc_s with unnormalised probabilities.
-  // acc_s / acc_o are accumulator fragments (4, MMA_M, MMA_N) with kRows rows.
-  // Returns update_stats' flag.
-  template <bool kExact = true, class TensorS, class TensorO>
-  CUTE_DEVICE bool update(TensorS& acc_s, TensorO& acc_o, float scale_log2) {
-    Tensor s = acc_rowcol(acc_s);
-    Tensor o = acc_rowcol(acc_o);
+  // Folds a tile of scores into the running statistics: rescales o's rows for
+  // the new max and overwrites s with unnormalised probabilities. s / o are
+  // (row, col) views with kRows rows. Returns update_stats' flag.
+  template <bool kExact = true, class RowColS, class RowColO>
+  CUTE_DEVICE bool update_rows(RowColS& s, RowColO& o, float scale_log2) {
+    static_assert(decltype(cute::size<0>(o))::value == kRows);
     const bool inexact = update_stats<kExact>(s, scale_log2);
     scale_rows(o, correction);
     return inexact;
@@ -71,12 +73,12 @@ struct OnlineSoftmax {
   // the fix-up; the kernel then redoes its work with kExact = true.
   template <bool kExact = true, class RowColS>
   CUTE_DEVICE bool update_stats(RowColS& s, float scale_log2) {
-    static_assert(decltype(size<0>(s))::value == kRows);
-    Tensor new_max = make_tensor_like(row_max);
-    copy(row_max, new_max);
+    static_assert(decltype(cute::size<0>(s))::value == kRows);
+    cute::Tensor new_max = cute::make_tensor_like(row_max);
+    cute::copy(row_max, new_max);
     reduce_rows_local(s, new_max, MaxOp{});
-    Tensor bias = make_tensor_like(row_max);
-    Tensor scale = make_tensor_like(row_max);
+    cute::Tensor bias = cute::make_tensor_like(row_max);
+    cute::Tensor scale = cute::make_tensor_like(row_max);
     bool large = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -97,7 +99,7 @@ struct OnlineSoftmax {
         for (int r = 0; r < kRows; ++r) {
           if (fabsf(bias(r)) >= kFusedLimit) {
 #pragma unroll
-            for (int c = 0; c < size<1>(s); ++c) s(r, c) = __fmul_rn(s(r, c), scale_log2) - bias(r);
+            for (int c = 0; c < cute::size<1>(s); ++c) s(r, c) = __fmul_rn(s(r, c), scale_log2) - bias(r);
             scale(r) = 1.f;
             bias(r) = 0.f;
           }
@@ -114,15 +116,9 @@ struct OnlineSoftmax {
   // or every score -inf) or NaN keeps acc_o as it is and gets lse +inf, as
   // PyTorch's flash kernels do: the backward's P = exp(s - lse) is then 0 for
   // its finite scores, and NaN stays where the forward had it.
-  template <class TensorO>
-  CUTE_DEVICE auto finalize(TensorO& acc_o, float scale) {
-    Tensor o = acc_rowcol(acc_o);
-    return finalize_rows(o, scale);
-  }
-
   template <class RowColO>
   CUTE_DEVICE auto finalize_rows(RowColO& o, float scale) {
-    Tensor lse = make_tensor_like(row_sum);
+    cute::Tensor lse = cute::make_tensor_like(row_sum);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
@@ -130,11 +126,10 @@ struct OnlineSoftmax {
       const float inv = empty ? 1.f : 1.f / sum;
       lse(r) = empty ? INFINITY : row_max(r) * scale + __logf(sum);
 #pragma unroll
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
+      for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;
     }
     return lse;
   }
 };
 
-}  // namespace sm80
 }  // namespace tfb

@@ -1,0 +1,191 @@
+// Which (query row, key column) pairs take part in attention: the mask
+// policies every kernel family and the CPU reference share. Plain C++ (no CuTe,
+// no CUDA headers), so host code includes it as well.
+//
+// A policy says, for rows i in [0, len_q) and keys j in [0, len_k):
+//   key_begin(i), key_end(i): row i sees the keys [key_begin, key_end), an
+//     empty range when key_end <= key_begin;
+// and, for tiles of kBlockM rows by kBlockN keys (TileWalk below):
+//   n_blocks(m_block): the key tiles a query tile visits, [begin, end);
+//   m_blocks(n_block): the query tiles that see a key tile (backward walks);
+//   needs_predicate(m_block, n_block): whether the tile holds a hidden pair,
+//     so the per-element pass runs only there;
+//   visible(i, j): the predicate itself.
+// Keys past len_k are never visible; rows past len_q are never asked about.
+// Lengths stay below 2^30 (kUnbounded).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TFB_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define TFB_HOST_DEVICE inline
+#endif
+
+namespace tfb {
+namespace mask {
+
+// Band edges far enough out never bind: rows and keys stay below 2^30, so
+// i + an offset of at most 2^30 in size fits an int.
+constexpr int kUnbounded = 1 << 30;
+
+// diag + edge, held to +-kUnbounded.
+TFB_HOST_DEVICE int band_offset(int64_t diag, int64_t edge) {
+  const int64_t x = diag + edge;
+  return x < -kUnbounded ? -kUnbounded : x > kUnbounded ? kUnbounded : static_cast<int>(x);
+}
+
+// Row i sees key j when i + diag - left <= j <= i + diag + right. Every
+// policy SDPA and its extensions name is one of these bands:
+//   no mask                     left = right = unbounded
+//   causal, top-left aligned    right = 0, diag = 0           (SDPA's is_causal, also when L != S)
+//   causal, bottom-right        right = 0, diag = len_k - len_q (causal_lower_right)
+//   sliding window              finite left and/or right, either alignment
+// It is stored as offsets from the row, computed once: row i sees keys
+// [i + lo, i + hi) clipped to [0, len_k). kLeftBounded = false drops the left
+// edge from the arithmetic, so kernels without windows pay nothing for it.
+template <bool kLeftBounded>
+struct Band {
+  int len_q;
+  int len_k;
+  int lo = -kUnbounded;  // read only when kLeftBounded
+  int hi = kUnbounded;
+
+  static constexpr bool kHasLeft = kLeftBounded;
+
+  TFB_HOST_DEVICE bool right_bounded() const { return hi < kUnbounded; }
+  TFB_HOST_DEVICE int key_begin(int i) const {
+    if constexpr (kLeftBounded) {
+      const int j = i + lo;
+      return j < 0 ? 0 : j > len_k ? len_k : j;
+    } else {
+      return 0;
+    }
+  }
+  TFB_HOST_DEVICE int key_end(int i) const {
+    const int j = i + hi;
+    return j < 0 ? 0 : j > len_k ? len_k : j;
+  }
+  TFB_HOST_DEVICE bool visible(int i, int j) const { return j >= key_begin(i) && j < key_end(i); }
+
+  // The rows that see key j, for walks over keys (the backward): from
+  // row_begin(j) (len_q or more: none) to row_end(j), both nondecreasing in j.
+  TFB_HOST_DEVICE int row_begin(int j) const {
+    const int i = j - hi + 1;  // first i with i + hi > j
+    return right_bounded() && i > 0 ? i : 0;
+  }
+  TFB_HOST_DEVICE int row_end(int j) const {
+    if constexpr (kLeftBounded) {
+      const int i = j - lo + 1;  // first i with i + lo > j
+      return i < 0 ? 0 : i < len_q ? i : len_q;
+    } else {
+      return len_q;
+    }
+  }
+};
+
+using CausalOrNone = Band<false>;
+using Window = Band<true>;
+
+TFB_HOST_DEVICE CausalOrNone no_mask(int len_q, int len_k) { return {len_q, len_k}; }
+TFB_HOST_DEVICE CausalOrNone causal_top_left(int len_q, int len_k) { return {len_q, len_k, -kUnbounded, 1}; }
+TFB_HOST_DEVICE CausalOrNone causal_bottom_right(int len_q, int len_k) {
+  return {len_q, len_k, -kUnbounded, band_offset(len_k - len_q, 1)};
+}
+// SDPA's is_causal flag: top-left aligned.
+TFB_HOST_DEVICE CausalOrNone causal_if(bool is_causal, int len_q, int len_k) {
+  return is_causal ? causal_top_left(len_q, len_k) : no_mask(len_q, len_k);
+}
+// Row i sees keys [i + diag - left, i + diag + right]; kUnbounded opens a side.
+TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right, int diag) {
+  return {len_q, len_k, left >= kUnbounded ? -kUnbounded : band_offset(diag, -int64_t(left)),
+          right >= kUnbounded ? kUnbounded : band_offset(diag, int64_t(right) + 1)};
+}
+
+// A mask read from memory, for masks no band describes (padding, block-sparse):
+// a per-tile summary, made by a pre-pass for one tile shape, says which tiles
+// are all visible, all hidden or mixed; mixed tiles read the element predicate
+// from a byte per (row, key), broadcast with stride 0 where the mask is.
+enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2 };
+
+struct FromMemory {
+  int len_q;
+  int len_k;
+  const uint8_t* tile_kinds;  // (m_blocks, n_blocks) row-major for the walk's tile shape
+  int n_blocks;               // row stride of tile_kinds
+  const uint8_t* values;      // nonzero = visible; one (batch, head)'s (len_q, len_k) plane
+  int64_t row_stride;         // in elements; 0 broadcasts over rows
+  int64_t col_stride;         // in elements; 0 broadcasts over keys
+
+  TFB_HOST_DEVICE int key_begin(int) const { return 0; }
+  TFB_HOST_DEVICE int key_end(int) const { return len_k; }
+  TFB_HOST_DEVICE TileKind kind(int m_block, int n_block) const {
+    return static_cast<TileKind>(tile_kinds[int64_t(m_block) * n_blocks + n_block]);
+  }
+  TFB_HOST_DEVICE bool visible(int i, int j) const {
+    return j < len_k && values[i * row_stride + j * col_stride] != 0;
+  }
+};
+
+template <class Policy>
+constexpr bool kReadsMemory = false;
+template <>
+constexpr bool kReadsMemory<FromMemory> = true;
+
+// A policy seen through tiles of kBlockM rows by kBlockN keys.
+template <int kBlockM, int kBlockN, class Policy>
+struct TileWalk {
+  Policy policy;
+
+  TFB_HOST_DEVICE int num_m_blocks() const { return (policy.len_q + kBlockM - 1) / kBlockM; }
+  TFB_HOST_DEVICE int num_n_blocks() const { return (policy.len_k + kBlockN - 1) / kBlockN; }
+  TFB_HOST_DEVICE int last_row(int m_block) const {
+    const int end = (m_block + 1) * kBlockM;
+    return (end < policy.len_q ? end : policy.len_q) - 1;
+  }
+
+  // Key tiles [begin, end) hold every key query tile m_block sees. Band edges
+  // move right as rows go down, so the tile's first row bounds the start and
+  // its last row the end.
+  struct Range {
+    int begin, end;
+  };
+  TFB_HOST_DEVICE Range n_blocks(int m_block) const {
+    const int first_key = policy.key_begin(m_block * kBlockM);
+    const int key_end = policy.key_end(last_row(m_block));
+    const int begin = first_key / kBlockN;
+    if (key_end <= first_key) return {begin, begin};  // e.g. a window past the last key
+    return {begin, (key_end + kBlockN - 1) / kBlockN};
+  }
+
+  // Query tiles [begin, end) hold every row that sees a key of tile n_block.
+  TFB_HOST_DEVICE Range m_blocks(int n_block) const {
+    if constexpr (kReadsMemory<Policy>) {
+      return {0, num_m_blocks()};
+    } else {
+      const int first_key = n_block * kBlockN;
+      const int last_key = (first_key + kBlockN < policy.len_k ? first_key + kBlockN : policy.len_k) - 1;
+      const int begin = policy.row_begin(first_key) / kBlockM;
+      const int end = (policy.row_end(last_key) + kBlockM - 1) / kBlockM;
+      return {begin, end > begin ? end : begin};
+    }
+  }
+
+  // Whether tile (m_block, n_block) holds a hidden pair: keys past len_k, a
+  // row whose band ends inside the tile, or one whose band starts inside it.
+  TFB_HOST_DEVICE bool needs_predicate(int m_block, int n_block) const {
+    const int col_begin = n_block * kBlockN;
+    const int col_end = col_begin + kBlockN;
+    if constexpr (kReadsMemory<Policy>) {
+      return col_end > policy.len_k || policy.kind(m_block, n_block) != TileKind::kVisible;
+    } else {
+      return col_end > policy.key_end(m_block * kBlockM) || policy.key_begin(last_row(m_block)) > col_begin;
+    }
+  }
+
+  TFB_HOST_DEVICE bool visible(int i, int j) const { return policy.visible(i, j); }
+};
+
+}  // namespace mask
+}  // namespace tfb

@@ -1,0 +1,64 @@
+// The element predicate of a mask policy (common/mask.h) on a tile of scores
+// held in MMA accumulator registers: hidden scores become -inf.
+//
+// acc is an accumulator fragment of the tile, coord the same partition of an
+// identity tensor over the tile (each element's (row, col) within it); m0 / n0
+// are the tile's first row / key.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "common/mask.h"
+
+namespace tfb {
+namespace mask {
+
+// Two spellings of one rule, because the compiler treats them differently,
+// measured: the sm80 forward runs this one 1-3% faster (by_row_limit 3-10%
+// slower, unmasked tiles included); in the sm90 forward this one makes the
+// head dim 256 kernel spill 200 bytes (36 with by_row_limit; the benchmark's
+// head dim 256 rows fell 10-20%).
+template <class Policy, class Acc, class Coord>
+CUTE_DEVICE void apply(Policy const& band, Acc& acc, Coord const& coord, int m0, int n0) {
+  static_assert(decltype(cute::size(acc))::value == decltype(cute::size(coord))::value);
+  // Everything read from the policy is read once, up here: a field read in the
+  // loop is a load the compiler may not hoist past the first branch, and the
+  // select below becomes a branch per score.
+  const int col_limit = band.len_k - n0;
+  const bool right = band.right_bounded();
+  const int hi = band.hi - n0;
+  const int lo = band.lo - n0;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    const int row = m0 + cute::get<0>(coord(i));
+    const int col = cute::get<1>(coord(i));
+    bool hidden = col >= col_limit || (right && col >= row + hi);
+    if constexpr (Policy::kHasLeft) hidden = hidden || col < row + lo;
+    // A select: written as `if (hidden) acc(i) = -inf`, the sm90 forward got
+    // a branch per score, which cost more than the tile's softmax.
+    acc(i) = hidden ? -INFINITY : acc(i);
+  }
+}
+
+template <class Policy, class Acc, class Coord>
+CUTE_DEVICE void apply_by_row_limit(Policy const& band, Acc& acc, Coord const& coord, int m0, int n0) {
+  static_assert(decltype(cute::size(acc))::value == decltype(cute::size(coord))::value);
+  const int col_limit = band.len_k - n0;
+  const bool right = band.right_bounded();
+  const int hi = band.hi - n0;
+  const int lo = band.lo - n0;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    const int row = m0 + cute::get<0>(coord(i));
+    const int col = cute::get<1>(coord(i));
+    const int limit = right ? min(col_limit, row + hi) : col_limit;
+    bool keep = col < limit;
+    if constexpr (Policy::kHasLeft) keep = keep && col >= row + lo;
+    acc(i) = keep ? acc(i) : -INFINITY;
+  }
+}
+
+}  // namespace mask
+}  // namespace tfb
