@@ -4,10 +4,53 @@
 
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define TFB_PARAMS_HD __host__ __device__ __forceinline__
+#else
+#define TFB_PARAMS_HD inline
+#endif
+
 namespace tfb {
 
 // Tensors use SDPA's logical layout (batch, head, row, dim) with arbitrary
 // strides in elements; the last dim is always contiguous (stride 1).
+// Optional blocks, each zero (off) unless a feature fills it in: a new feature
+// adds a block here and kernels read it through the accessors below, so it
+// never forks a kernel's signature.
+
+// Per-batch lengths: a packed variable-length batch (cumulative offsets) or a
+// preallocated KV cache in use up to a length per batch.
+struct SeqLens {
+  const int* cu_q = nullptr;    // (B + 1); batch b's query rows are [cu_q[b], cu_q[b + 1])
+  const int* cu_k = nullptr;    // (B + 1); the same for keys
+  const int* used_k = nullptr;  // (B); keys in use per batch, at most the batch's length
+};
+
+// Masks beyond SDPA's is_causal flag (common/mask.h): band edges in keys from
+// the row's diagonal, and a mask read from memory with its per-tile summary.
+struct MaskArgs {
+  bool bottom_right = false;  // align the causal diagonal with the last key (causal_lower_right)
+  int window_left = -1;       // -1: no left edge
+  int window_right = -1;      // -1: no right edge (is_causal sets 0)
+  const uint8_t* values = nullptr;  // nonzero = visible; (B, H, L, S) with the strides below, 0 to broadcast
+  int64_t values_batch_stride = 0, values_head_stride = 0, values_row_stride = 0, values_col_stride = 0;
+  const uint8_t* tile_kinds = nullptr;  // common/mask.h TileKind per (query tile, key tile), from a pre-pass
+};
+
+// Split-KV (decode): partial outputs and logsumexps per split, merged after.
+struct SplitKV {
+  int num_splits = 1;
+  float* o_partial = nullptr;    // (splits, B, Hq, L, E)
+  float* lse_partial = nullptr;  // (splits, B, Hq, L)
+};
+
+// Quantized inputs (FP8): per-(batch, kv head) factors that undo the scaling.
+struct Descales {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
 struct AttnFwdParams {
   const void* q;  // (B, Hq, L, E)
   const void* k;  // (B, Hkv, S, E)
@@ -23,8 +66,8 @@ struct AttnFwdParams {
   int batch;
   int heads_q;
   int heads_kv;  // heads_q % heads_kv == 0; q head h reads kv head h / (heads_q / heads_kv)
-  int len_q;     // L >= 1
-  int len_k;     // S >= 1
+  int len_q;     // L >= 1 (the longest batch's with seqlens.cu_q); per batch: seqlen_q(b)
+  int len_k;     // S >= 1 (likewise); per batch: seqlen_k(b)
   int head_dim;  // E (q, k and v share it)
 
   float scale;       // softmax scale applied to q.k
@@ -33,6 +76,18 @@ struct AttnFwdParams {
   bool is_causal;    // top-left aligned: row i sees keys j <= i
 
   int num_sms;  // of the device the launch targets
+
+  SeqLens seqlens;
+  MaskArgs mask;
+  SplitKV split_kv;
+  Descales descales;
+
+  // Batch b's query and key lengths: kernels read lengths through these.
+  TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.cu_q ? seqlens.cu_q[b + 1] - seqlens.cu_q[b] : len_q; }
+  TFB_PARAMS_HD int seqlen_k(int b) const {
+    if (seqlens.used_k) return seqlens.used_k[b];
+    return seqlens.cu_k ? seqlens.cu_k[b + 1] - seqlens.cu_k[b] : len_k;
+  }
 };
 
 struct AttnBwdParams : AttnFwdParams {

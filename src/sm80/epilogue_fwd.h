@@ -21,6 +21,7 @@ struct FwdEpilogue {
                                 AccO const& acc_o, Lse const& lse) {
     const int tid = threadIdx.x;
     const int m0 = m_block * kBlockM;
+    const int len_q = p.seqlen_q(batch);
     using TileO = Shape<Int<kBlockM>, Int<kHeadDim>>;
     typename Traits::TiledMma mma;
     auto thr_mma = mma.get_thread_slice(tid);
@@ -34,7 +35,7 @@ struct FwdEpilogue {
 #pragma unroll
       for (int r = 0; r < size(lse); ++r) {
         const int row = m0 + get<0>(coord_rc(r, 0));
-        if (row < p.len_q) lse_rows[row] = lse(r);
+        if (row < len_q) lse_rows[row] = lse(r);
       }
     }
 
@@ -49,7 +50,7 @@ struct FwdEpilogue {
 
     // Shared -> global, rows past the sequence end left alone.
     auto o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-    Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(p.len_q, Int<kHeadDim>{}),
+    Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(len_q, Int<kHeadDim>{}),
                             make_stride(p.o_row_stride, _1{}));
     Tensor gO = local_tile(mO, TileO{}, make_coord(m_block, 0));
     typename Traits::GmemStore gmem_store;
@@ -59,7 +60,7 @@ struct FwdEpilogue {
     Tensor tOcO = thr_store.partition_D(make_identity_tensor(TileO{}));
     Tensor tOrO = make_tensor<Element>(shape(tOgO));
     copy(gmem_store, tOsO, tOrO);
-    copy_rows_guarded(gmem_store, tOrO, tOgO, tOcO, p.len_q - m0);
+    copy_rows_guarded(gmem_store, tOrO, tOgO, tOcO, len_q - m0);
   }
 };
 

@@ -42,11 +42,11 @@ __noinline__ __device__ void fwd_tile_exact(AttnFwdParams const& p, char* smem,
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__ const AttnFwdParams p) {
   extern __shared__ __align__(128) char smem[];
-  const typename FwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.len_q, p.len_k)};
-  // Causal tiles further down see more keys; launching them first shortens the tail.
-  const int m_block = p.is_causal ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
+  const typename FwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.seqlen_q(batch), p.seqlen_k(batch))};
+  // Causal tiles further down see more keys; launching them first shortens the tail.
+  const int m_block = p.is_causal ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
   // The fast pass leaves rows whose scores reach 2^10 in exp2 units inexact;
   // if any did, the CTA starts over with the exact softmax. Such scores need
   // inputs near 1e5, so the second pass is there for correctness alone.

@@ -38,6 +38,7 @@ struct FwdMainloop {
                               int batch, AccO& acc_o, Softmax& softmax) {
     const int tid = threadIdx.x;
     const int kv_head = head / (p.heads_q / p.heads_kv);
+    const int len_q = mask.policy.len_q, len_k = mask.policy.len_k;  // this batch's (p.seqlen_q / seqlen_k)
     using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
     using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
 
@@ -45,9 +46,9 @@ struct FwdMainloop {
       auto ptr = static_cast<Element const*>(base) + batch_off + head_off;
       return make_tensor(make_gmem_ptr(ptr), make_shape(len, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
     };
-    Tensor mQ = rows(p.q, batch * p.q_batch_stride, head * p.q_head_stride, p.len_q, p.q_row_stride);
-    Tensor mK = rows(p.k, batch * p.k_batch_stride, kv_head * p.k_head_stride, p.len_k, p.k_row_stride);
-    Tensor mV = rows(p.v, batch * p.v_batch_stride, kv_head * p.v_head_stride, p.len_k, p.v_row_stride);
+    Tensor mQ = rows(p.q, batch * p.q_batch_stride, head * p.q_head_stride, len_q, p.q_row_stride);
+    Tensor mK = rows(p.k, batch * p.k_batch_stride, kv_head * p.k_head_stride, len_k, p.k_row_stride);
+    Tensor mV = rows(p.v, batch * p.v_batch_stride, kv_head * p.v_head_stride, len_k, p.v_row_stride);
     Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));  // (M, D)
     Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));       // (N, D, n_block)
     Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));
@@ -74,10 +75,10 @@ struct FwdMainloop {
     Tensor tVsV = thr_load.partition_D(sV);
     Tensor tKVcKV = thr_load.partition_S(make_identity_tensor(TileKV{}));
     auto load_k = [&](int n_block, int stage) {
-      copy_rows_zfill(gmem_load, tKgK(_, _, _, n_block), at_stage(tKsK, stage), tKVcKV, p.len_k - n_block * kBlockN);
+      copy_rows_zfill(gmem_load, tKgK(_, _, _, n_block), at_stage(tKsK, stage), tKVcKV, len_k - n_block * kBlockN);
     };
     auto load_v = [&](int n_block, int stage) {
-      copy_rows_zfill(gmem_load, tVgV(_, _, _, n_block), at_stage(tVsV, stage), tKVcKV, p.len_k - n_block * kBlockN);
+      copy_rows_zfill(gmem_load, tVgV(_, _, _, n_block), at_stage(tVsV, stage), tKVcKV, len_k - n_block * kBlockN);
     };
 
     // Shared -> registers, MMA fragments.
@@ -104,7 +105,7 @@ struct FwdMainloop {
     const int m0 = m_block * kBlockM;
     const int n_last = mask.n_blocks(m_block).end - 1;
 
-    copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, p.len_q - m0);
+    copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0);
     load_k(n_last, 0);
     cp_async_fence();
     if constexpr (kStages == 2) {
