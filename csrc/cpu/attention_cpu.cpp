@@ -18,7 +18,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include "attention.h"
+#include "checks.h"
 #include "common/mask.h"
 
 // The matmul is the hot loop: build an AVX2/FMA copy beside the baseline one
