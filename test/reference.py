@@ -1,6 +1,6 @@
 """The float64 reference every kernel is checked against, and the error rule.
 
-DESIGN.md's rule: our error against this reference may be at most about twice
+The accuracy rule: our error against this reference may be at most about twice
 the error of PyTorch's own same-dtype SDPA on the same inputs (plus a small floor
 so that exact-by-luck baselines do not demand exactness from us).
 """

@@ -1,5 +1,5 @@
 """The sm80 backward op against float64 autograd, with PyTorch's own same-dtype
-SDPA backward as the error baseline (DESIGN.md's 2x rule).
+SDPA backward as the error baseline (the 2x rule of test/reference.py).
 
 test_bwd_matches_reference takes out and lse from the float64 reference, so it
 needs no forward kernel; test_grads_through_forward_and_backward runs our forward

@@ -1,6 +1,6 @@
 """The layers depend one way: src/ knows nothing of torch, csrc/ nothing of Python.
 
-These checks keep the promises of DESIGN.md that no other test would notice
+These checks keep the layering promises (docs/ARCHITECTURE.md) that no other test would notice
 breaking: the kernels compile without torch, and the op library loads into a
 process that has no Python (a C++ program, an AOTInductor runner).
 """

@@ -1,7 +1,7 @@
 """The CPU impls of torch_flash_backend::fwd and ::bwd against the float64 reference.
 
 fp16/bf16 results may be at most 2x as far from the reference as PyTorch's own
-same-dtype SDPA on the same inputs (DESIGN.md's rule); float32 ones must be
+same-dtype SDPA on the same inputs (the rule in test/reference.py); float32 ones must be
 within float32 accumulation error. Shapes cover odd lengths, L != S both ways,
 head dims 32..256, GQA groups and the three input layouts SDPA users pass.
 """
