@@ -6,14 +6,20 @@ dlopen the same file. CUDA sources are compiled when torch has CUDA and nvcc is
 found; set TFB_BUILD_CUDA=0 to build the CPU part only. TFB_HEAD_DIMS (e.g.
 "64,128") trims the compiled head dims; TFB_BUILD_SM90=0 leaves out the Hopper
 forward family.
+
+`pip install -v .` prints a line per compiled source (the CUDA build takes 15-25
+minutes on two cores); `pip wheel --no-build-isolation .` makes one wheel for
+every CPython 3 (py3-none-<platform>): the library has no Python bindings.
 """
 import glob
 import os
 import shutil
 import sys
+import threading
 
 import torch
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +74,49 @@ def _instantiations(family, head_dims):
     return _rel(f for f in files if any(f"_hdim{d}_" in os.path.basename(f) for d in head_dims))
 
 
+class _Progress:
+    """Prints a line per compiled source while ninja runs (pip shows them with
+    -v): the build's ninja logs gain a line per finished object."""
+
+    def __init__(self, build_temp, total):
+        self.logs = [os.path.join(build_temp, ".ninja_log"), os.path.join(build_temp, "sm90", ".ninja_log")]
+        self.start = {log: os.path.getsize(log) if os.path.exists(log) else 0 for log in self.logs}
+        self.total, self.done = total, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self._poll()
+
+    def _run(self):
+        while not self.stop.wait(2.0):
+            self._poll()
+
+    def _poll(self):
+        for log in self.logs:
+            if not os.path.exists(log):
+                continue
+            with open(log) as f:
+                f.seek(self.start[log])
+                lines = f.readlines()
+                self.start[log] = f.tell()
+            for line in lines:
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) < 4 or not fields[0].isdigit():
+                    continue  # the header line
+                self.done += 1
+                seconds = (int(fields[1]) - int(fields[0])) / 1000
+                name = os.path.relpath(fields[3], os.path.join(ROOT, "build", "temp"))
+                print(f"torch_flash_backend: [{self.done}/{self.total}] {name} ({seconds:.0f} s)", file=sys.stderr,
+                      flush=True)
+
+
 class BuildLibrary(BuildExtension):
     """Names the output as a plain shared library, not a Python module, and
     compiles ext.sm90_sources for sm_90a alone (an extension has one nvcc flag set).
@@ -80,6 +129,10 @@ class BuildLibrary(BuildExtension):
         self.build_temp = os.path.join(ROOT, "build", "temp")
 
     def build_extension(self, ext):
+        with _Progress(self.build_temp, len(ext.sources) + len(getattr(ext, "sm90_sources", []))):
+            self._build_extension(ext)
+
+    def _build_extension(self, ext):
         sm90_sources = getattr(ext, "sm90_sources", [])
         if sm90_sources:
             args = dict(ext.extra_compile_args)
@@ -149,4 +202,16 @@ def extension():
     return ext
 
 
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildLibrary})
+class Wheel(bdist_wheel):
+    """The library has no Python bindings (torch.ops.load_library loads it), so
+    one wheel serves every CPython 3: tagged py3-none-<platform>."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        return "py3", "none", super().get_tag()[2]
+
+
+setup(ext_modules=[extension()], cmdclass={"build_ext": BuildLibrary, "bdist_wheel": Wheel})
