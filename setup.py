@@ -23,15 +23,13 @@ from setuptools.command.bdist_wheel import bdist_wheel
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-ALL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-# sm_80 machine code plus PTX, so Ada and Hopper run the sm80 family too.
-SM80_ARCH = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]
-# wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip:
-# machine code alone.
-SM90_ARCH = ["-gencode=arch=compute_90a,code=sm_90a"]
-# CuTe names wgmma tiles whose N is not 8, 16, 32, 64, 96, 128, 192 or 256 only
-# under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
-SM90_DEFINES = ["-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"]
+sys.path.insert(0, os.path.join(ROOT, "src"))
+import registry  # noqa: E402  (src/registry.py: families, head dims, arch flags)
+
+ALL_HEAD_DIMS = registry.HEAD_DIMS
+# The sources outside instantiations (dispatch, workspace sizes) and the sm80
+# family's are compiled with sm80's flags; a family with other flags gets its own pass.
+BASE_FAMILY = registry.family("sm80")
 
 
 def _cutlass_include() -> str:
@@ -70,16 +68,15 @@ def _rel(paths):
 
 
 def _instantiations(family, head_dims):
-    files = glob.glob(os.path.join(ROOT, "src", family, "instantiations", "*.cu"))
-    return _rel(f for f in files if any(f"_hdim{d}_" in os.path.basename(f) for d in head_dims))
+    return [os.path.join("src", f) for f in registry.instantiation_files(family, head_dims)]
 
 
 class _Progress:
     """Prints a line per compiled source while ninja runs (pip shows them with
     -v): the build's ninja logs gain a line per finished object."""
 
-    def __init__(self, build_temp, total):
-        self.logs = [os.path.join(build_temp, ".ninja_log"), os.path.join(build_temp, "sm90", ".ninja_log")]
+    def __init__(self, build_dirs, total):
+        self.logs = [os.path.join(d, ".ninja_log") for d in build_dirs]
         self.start = {log: os.path.getsize(log) if os.path.exists(log) else 0 for log in self.logs}
         self.total, self.done = total, 0
         self.stop = threading.Event()
@@ -119,7 +116,8 @@ class _Progress:
 
 class BuildLibrary(BuildExtension):
     """Names the output as a plain shared library, not a Python module, and
-    compiles ext.sm90_sources for sm_90a alone (an extension has one nvcc flag set).
+    compiles each of ext.family_sources with its family's nvcc flags (an
+    extension has one flag set; the sm90 family's code is sm_90a alone).
     """
 
     def finalize_options(self):
@@ -129,17 +127,19 @@ class BuildLibrary(BuildExtension):
         self.build_temp = os.path.join(ROOT, "build", "temp")
 
     def build_extension(self, ext):
-        with _Progress(self.build_temp, len(ext.sources) + len(getattr(ext, "sm90_sources", []))):
-            self._build_extension(ext)
+        family_sources = getattr(ext, "family_sources", {})
+        dirs = [self.build_temp] + [os.path.join(self.build_temp, fam.name) for fam in family_sources]
+        with _Progress(dirs, len(ext.sources) + sum(map(len, family_sources.values()))):
+            self._build_extension(ext, family_sources)
 
-    def _build_extension(self, ext):
-        sm90_sources = getattr(ext, "sm90_sources", [])
-        if sm90_sources:
+    def _build_extension(self, ext, family_sources):
+        for fam, sources in family_sources.items():
             args = dict(ext.extra_compile_args)
-            args["nvcc"] = [f for f in args["nvcc"] if f not in SM80_ARCH] + SM90_ARCH + SM90_DEFINES
+            args["nvcc"] = ([f for f in args["nvcc"] if f not in BASE_FAMILY.nvcc_arch] + list(fam.nvcc_arch)
+                            + list(fam.nvcc_defines))
             # A directory of their own: torch writes one build.ninja per output directory.
             ext.extra_objects = ext.extra_objects + self.compiler.compile(
-                sm90_sources, output_dir=os.path.join(self.build_temp, "sm90"), macros=ext.define_macros,
+                sources, output_dir=os.path.join(self.build_temp, fam.name), macros=ext.define_macros,
                 include_dirs=ext.include_dirs, extra_postargs=args, depends=ext.depends,
             )
         super().build_extension(ext)
@@ -175,14 +175,14 @@ def extension():
     if with_sm90:
         defines.append("-DTFB_WITH_SM90")
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
-    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu"))) + _instantiations("sm80", head_dims)
+    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu"))) + _instantiations(BASE_FAMILY, head_dims)
     nvcc = [
         "-O3", "-std=c++17", "-DNDEBUG",
         "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-Xfatbin", "-compress-all",
-    ] + SM80_ARCH + defines
+    ] + list(BASE_FAMILY.nvcc_arch) + list(BASE_FAMILY.nvcc_defines) + defines
     if os.environ.get("TFB_PTXAS_VERBOSE"):
         nvcc += ["-Xptxas", "-v"]
     print(
@@ -198,7 +198,8 @@ def extension():
         extra_link_args=link,
         py_limited_api=True,
     )
-    ext.sm90_sources = _instantiations("sm90", head_dims) if with_sm90 else []
+    ext.family_sources = {fam: _instantiations(fam, head_dims) for fam in registry.FAMILIES
+                          if fam is not BASE_FAMILY and (fam.name != "sm90" or with_sm90)}
     return ext
 
 

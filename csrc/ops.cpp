@@ -1,5 +1,5 @@
 // The op schemas, declared once. Backends register their kernels beside their
-// code (cpu/, cuda/); fake kernels and autograd live in torch_flash_backend/ops.py.
+// code (cpu/, cuda/); fake kernels and autograd live in torch_flash_backend/_fake.py and _autograd.py.
 //
 // Every tensor output is allocated in (B, L, H, E) memory order and returned as
 // its (B, H, L, E) view, the layout FlashAttention-style kernels write fastest
@@ -10,31 +10,62 @@
 
 #include <torch/library.h>
 
+#include "kernel_list.h"
 #ifdef TFB_WITH_CUDA
 #include "api.h"
+#include "kernel_info.h"
 #endif
 
 namespace {
 
+// One line per family of the registry (src/registry.py): its name and limits.
+std::vector<std::string> kernel_families() {
+  std::vector<std::string> lines;
+#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, passes, head_dims)                \
+  lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok \
+                  " align_bytes=" #align_bytes " passes=" passes " head_dims=" head_dims);
+  TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
+#undef TFB_FAMILY_LINE
+  return lines;
+}
+
+// One line per compiled instantiation, "<name> key=value ...": the family's
+// limits and the shared memory a block needs, which the router reads.
 std::vector<std::string> built_kernels() {
-  std::vector<std::string> names;
+  std::vector<std::string> lines;
 #ifdef TFB_WITH_CUDA
-  const std::pair<tfb::DType, const char*> dtypes[] = {
-      {tfb::DType::kFloat16, "fp16"}, {tfb::DType::kBFloat16, "bf16"}};
-  for (const auto& [dtype, dtype_name] : dtypes) {
-    for (int head_dim : {32, 64, 96, 128, 192, 256}) {
-      const std::string suffix = std::string("_") + dtype_name + "_hdim" + std::to_string(head_dim);
-      if (tfb::sm80::has_fwd(dtype, head_dim)) names.push_back("sm80_fwd" + suffix);
-      if (tfb::sm80::has_bwd(dtype, head_dim)) names.push_back("sm80_bwd" + suffix);
-      if (tfb::sm90::has_fwd(dtype, head_dim)) names.push_back("sm90_fwd" + suffix);
+  std::vector<std::string> families = kernel_families();
+  auto limits_of = [&](const std::string& family) {
+    for (const std::string& line : families) {
+      // The limits alone: the family's passes and head dims are the record's own.
+      if (line.compare(0, family.size() + 1, family + " ") == 0) {
+        const std::string rest = line.substr(family.size() + 1);
+        return rest.substr(0, rest.find(" passes="));
+      }
     }
-  }
+    return std::string();
+  };
+  const std::pair<tfb::DType, const char*> dtypes[] = {{tfb::DType::kFloat16, "fp16"}, {tfb::DType::kBFloat16, "bf16"}};
+  auto add = [&](const char* family, const char* pass, bool (*has)(tfb::DType, int),
+                 size_t (*smem)(tfb::DType, int)) {
+    for (const auto& [dtype, dtype_name] : dtypes) {
+      for (int head_dim : {TFB_HEAD_DIMS_ALL}) {
+        if (!has(dtype, head_dim)) continue;
+        const std::string d = std::to_string(head_dim);
+        lines.push_back(std::string(family) + "_" + pass + "_" + dtype_name + "_hdim" + d + " family=" + family +
+                        " pass=" + pass + " dtype=" + dtype_name + " head_dim=" + d + " " + limits_of(family) +
+                        " smem_bytes=" + std::to_string(smem(dtype, head_dim)));
+      }
+    }
+  };
+#define TFB_PASS_RECORDS(family, pass) add(#family, #pass, &tfb::family::has_##pass, &tfb::family::smem_bytes_##pass);
+  TFB_KERNEL_PASSES(TFB_PASS_RECORDS)
+#undef TFB_PASS_RECORDS
 #endif
-  return names;
+  return lines;
 }
 
 }  // namespace
-
 
 TORCH_LIBRARY(torch_flash_backend, m) {
   m.def(
@@ -49,6 +80,9 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   m.def(
       "route_sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0,"
       " bool is_causal=False, float? scale=None, bool enable_gqa=False, bool strict=False) -> Tensor");
-  // Names of the compiled CUDA kernel instantiations, e.g. "sm80_fwd_bf16_hdim128".
+  // The compiled CUDA kernel instantiations, a line each: "sm80_fwd_bf16_hdim128
+  // family=sm80 pass=fwd ..." (torch_flash_backend/_library.py reads them).
   m.def("built_kernels() -> str[]", &built_kernels);
+  // The registry's families and their limits, whatever was built.
+  m.def("kernel_families() -> str[]", &kernel_families);
 }

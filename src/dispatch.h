@@ -1,39 +1,17 @@
 // Runtime (dtype, head dim) -> compile-time instantiation, for the families'
-// api_*.cu. A head dim left out of the build (TFB_HEAD_DIMS, which sets the
-// TFB_WITH_HDIM* defines) is reported as missing and its launcher never named,
-// so its symbol need not exist.
+// api_*.cu, over the registry's head dims (kernel_list.h). A head dim left out
+// of the build (TFB_HEAD_DIMS, which sets the TFB_WITH_HDIM* defines) is
+// reported as missing and its launcher never named, so its symbol need not exist.
 #pragma once
 
 #include <type_traits>
 
 #include <cutlass/numeric_types.h>
 
+#include "kernel_list.h"
 #include "params.h"
 
 namespace tfb {
-
-constexpr bool head_dim_built(int head_dim) {
-  return false
-#ifdef TFB_WITH_HDIM32
-         || head_dim == 32
-#endif
-#ifdef TFB_WITH_HDIM64
-         || head_dim == 64
-#endif
-#ifdef TFB_WITH_HDIM96
-         || head_dim == 96
-#endif
-#ifdef TFB_WITH_HDIM128
-         || head_dim == 128
-#endif
-#ifdef TFB_WITH_HDIM192
-         || head_dim == 192
-#endif
-#ifdef TFB_WITH_HDIM256
-         || head_dim == 256
-#endif
-      ;
-}
 
 // Calls fn(Element{}, std::integral_constant<int, E>{}) for the one E among
 // kHeadDims that equals head_dim and was built; returns whether it did.

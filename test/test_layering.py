@@ -89,8 +89,10 @@ def test_csrc_never_includes_python():
 
 
 def _instantiation_files(root):
+    """What the generator writes from the registry: instantiations, kernel_list.h, kernels.cmake."""
     paths = glob.glob(os.path.join(root, "*", "instantiations", "*.cu"))
-    return {os.path.relpath(p, root): open(p).read() for p in paths}
+    paths += [os.path.join(root, name) for name in ("kernel_list.h", "kernels.cmake")]
+    return {os.path.relpath(p, root): open(p).read() for p in paths if os.path.exists(p)}
 
 
 def test_committed_instantiations_match_the_generator(tmp_path):
@@ -98,6 +100,7 @@ def test_committed_instantiations_match_the_generator(tmp_path):
     committed, generated = _instantiation_files(os.path.join(ROOT, "src")), _instantiation_files(tmp_path)
     stale = sorted(f for f in committed.keys() | generated.keys() if committed.get(f) != generated.get(f))
     assert not stale, f"run `python src/generate_instantiations.py`; out of date: {stale}"
+    assert {"kernel_list.h", "kernels.cmake"} <= generated.keys()
     assert any(f.startswith("sm90" + os.sep) for f in generated)
 
 

@@ -21,9 +21,8 @@ def fake():
         yield
 
 
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-SM80 = [f"sm80_{p}_{d}_hdim{e}" for p in ("fwd", "bwd") for d in ("fp16", "bf16") for e in HEAD_DIMS]
-SM90_FWD = [f"sm90_fwd_{d}_hdim{e}" for d in ("fp16", "bf16") for e in HEAD_DIMS if e != 32]
+SM80 = testing.registry_kernel_names("sm80")
+SM90_FWD = testing.registry_kernel_names("sm90")
 
 
 def qkv(b=2, hq=4, hkv=4, length=64, s=64, e=64, dtype=torch.bfloat16, device="cuda", requires_grad=False):

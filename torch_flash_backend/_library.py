@@ -27,12 +27,51 @@ def _load() -> None:
 _load()
 
 
+class Kernel(str):
+    """A compiled kernel instantiation: its name ("sm80_fwd_bf16_hdim128", what it
+    compares equal to) with the registry's fields (src/registry.py): family,
+    pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
+    max_cc 0: no upper bound), stride0_ok, align_bytes, smem_bytes."""
+
+    family: str
+    pass_: str
+    dtype: str
+    head_dim: int
+    min_cc: int
+    max_cc: int
+    stride0_ok: bool
+    align_bytes: int
+    smem_bytes: int
+
+    @classmethod
+    def parse(cls, line: str) -> "Kernel":
+        name, *fields = line.split()
+        values = dict(f.split("=", 1) for f in fields)
+        kernel = cls(name)
+        kernel.family, kernel.pass_, kernel.dtype = values["family"], values["pass"], values["dtype"]
+        for key in ("head_dim", "min_cc", "max_cc", "align_bytes", "smem_bytes"):
+            setattr(kernel, key, int(values[key]))
+        kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
+        return kernel
+
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        cc = capability[0] * 10 + capability[1]
+        return self.min_cc <= cc and (self.max_cc == 0 or cc <= self.max_cc)
+
+
+def family_limits() -> dict[str, str]:
+    """Family name -> its limits as "key=value ..." (the registry's, built or not),
+    in the router's order of preference."""
+    return dict(line.split(" ", 1) for line in torch.ops.torch_flash_backend.kernel_families())
+
+
 @functools.cache
-def built_kernel_set() -> frozenset[str]:
-    return frozenset(torch.ops.torch_flash_backend.built_kernels())
+def built_kernel_set() -> frozenset[Kernel]:
+    return frozenset(Kernel.parse(line) for line in torch.ops.torch_flash_backend.built_kernels())
 
 
-def built_kernels() -> list[str]:
-    """Names of the CUDA kernel instantiations compiled into the library, e.g.
-    "sm80_fwd_bf16_hdim128"; empty for a CPU-only build."""
+def built_kernels() -> list[Kernel]:
+    """The CUDA kernel instantiations compiled into the library, sorted; each is
+    its name (e.g. "sm80_fwd_bf16_hdim128") with the registry's fields as
+    attributes (Kernel). Empty for a CPU-only build."""
     return sorted(built_kernel_set())

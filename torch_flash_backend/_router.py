@@ -16,7 +16,7 @@ import threading
 import torch
 
 from ._checks import check_sdpa_args, misaligned
-from ._library import built_kernel_set
+from ._library import built_kernel_set, family_limits
 
 # Below this query length a split-KV decode kernel is the right tool; without
 # one PyTorch's SDPA (its own split-KV paths included) is faster than a tiled
@@ -53,12 +53,6 @@ def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-# The sm80 backward tiles keep Q, K, V, dO and their partial products in shared
-# memory: up to 144 KB a block (176 KB where the chip offers it). Ada and sm86
-# parts offer about 100 KB, so their backward falls back.
-SM80_BWD_SMEM_BYTES = 144 * 1024
-
-
 @functools.cache
 def _cuda_smem_per_block(index: int) -> int:
     return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
@@ -90,7 +84,18 @@ probe = _Probe()
 # unset or empty: every family. The C++ ops read the same variable, so that a
 # benchmark or test can pin a family without rebuilding.
 FAMILIES_ENV = "TFB_KERNEL_FAMILIES"
-FAMILIES = ("sm90", "sm80")  # in order of preference where both run
+
+
+@functools.cache
+def families() -> tuple[str, ...]:
+    """The registry's families (src/registry.py), in order of preference where several run."""
+    return tuple(family_limits())
+
+
+@functools.cache
+def _family_cc(name: str) -> tuple[int, int]:
+    fields = dict(f.split("=", 1) for f in family_limits()[name].split())
+    return int(fields["min_cc"]), int(fields["max_cc"])
 
 
 @functools.cache
@@ -105,9 +110,11 @@ def allowed_families() -> frozenset[str] | None:
 
 
 def _families(capability: tuple[int, int]) -> tuple[str, ...]:
-    # sm90 kernels are sm_90a code (wgmma/TMA), which runs on compute capability
-    # 9.0 only; sm80 kernels run on every chip since Ampere.
-    return FAMILIES if tuple(capability) == (9, 0) else ("sm80",)
+    """The families whose machine code runs on this compute capability (the
+    registry's min_cc / max_cc: sm_90a code runs on 9.0 alone)."""
+    cc = capability[0] * 10 + capability[1]
+    return tuple(f for f in families()
+                 if _family_cc(f)[0] <= cc and (_family_cc(f)[1] == 0 or cc <= _family_cc(f)[1]))
 
 
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -179,8 +186,10 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool) -> Decision:
-    """broadcast: an input has stride 0 along a dim of size > 1 (expand()), which
-    TMA cannot describe, so the sm90 forward passes it to the next family."""
+    """From the built kernels' records (Kernel): the first allowed family, in the
+    registry's order, whose kernel runs on this chip, reads a broadcast input
+    (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
+    the backward, fits the chip's shared memory."""
     try:
         capability = probe.capability(device)
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -197,25 +206,27 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
                          f"compute capability {capability[0]}.{capability[1]} ({', '.join(_families(capability))})")
     only = "" if allowed is None else f" (families allowed by {FAMILIES_ENV}: {', '.join(families)})"
     suffix = f"_{dtype_name}_hdim{e}"
-    fwd = next((f"{f}_fwd{suffix}" for f in families
-                if f"{f}_fwd{suffix}" in kernels and not (broadcast and f == "sm90")), None)
+    by_name = {str(k): k for k in kernels}
+    fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
+    fwd = next((k for k in fwd_kernels if k.stride0_ok or not broadcast), None)
     if fwd is None:
-        if broadcast and f"sm90_fwd{suffix}" in kernels and "sm90" in families:
-            return _fallback(f"an input is broadcast with stride 0 (expand), which the sm90 forward cannot read, "
-                             f"and no other forward was built for {dtype_name} head dim {e}{only}")
+        if fwd_kernels:
+            return _fallback(f"an input is broadcast with stride 0 (expand), which the {fwd_kernels[0].family} "
+                             f"forward cannot read, and no other forward was built for {dtype_name} head dim "
+                             f"{e}{only}")
         dims = sorted({int(n.rsplit("hdim", 1)[1]) for n in kernels if f"_fwd_{dtype_name}_" in n and n.split("_")[0] in families})
         return _fallback(f"no kernel has head dim {e} for {dtype_name}{only}; head dims built: "
                          f"{', '.join(map(str, dims)) or 'none'}")
     if not needs_grad:
-        return Decision(True, fwd, detail)
+        return Decision(True, str(fwd), detail)
     why_not = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}{only}"
     for family in families:
-        bwd = f"{family}_bwd{suffix}"
-        if bwd not in kernels:
+        bwd = by_name.get(f"{family}_bwd{suffix}")
+        if bwd is None:
             continue
-        if family == "sm80" and probe.smem_per_block(device) < SM80_BWD_SMEM_BYTES:
-            why_not = (f"inputs require grad and the sm80 backward needs {SM80_BWD_SMEM_BYTES // 1024} KB of "
+        if probe.smem_per_block(device) < bwd.smem_bytes:
+            why_not = (f"inputs require grad and the {family} backward needs {bwd.smem_bytes // 1024} KB of "
                        f"shared memory a block; {device} offers {probe.smem_per_block(device) // 1024} KB")
             continue
-        return Decision(True, fwd, f"{detail}, backward by {bwd}", backward_kernel=bwd)
+        return Decision(True, str(fwd), f"{detail}, backward by {bwd}", backward_kernel=str(bwd))
     return _fallback(why_not)

@@ -9,6 +9,7 @@ import os
 import torch
 
 from . import _router
+from ._library import Kernel, family_limits
 
 
 @contextlib.contextmanager
@@ -22,15 +23,40 @@ def route_cpu():
         _router.probe.add_cpu_route(-1)
 
 
+def fake_kernels(names, smem_bytes=None) -> frozenset:
+    """Kernel records for names like "sm80_bwd_bf16_hdim128", with their family's
+    limits from the registry; smem_bytes maps a pass to the shared memory its
+    blocks need (default: fwd 48 KB, bwd 144 KB, typical of the sm80 kernels)."""
+    smem = {"fwd": 48 * 1024, "bwd": 144 * 1024, **(smem_bytes or {})}
+    limits = {f: line.split(" passes=")[0] for f, line in family_limits().items()}
+    records = []
+    for name in names:
+        family, pass_, dtype, hdim = name.split("_")
+        records.append(Kernel.parse(f"{name} family={family} pass={pass_} dtype={dtype} head_dim={hdim[4:]} "
+                                    f"{limits[family]} smem_bytes={smem[pass_]}"))
+    return frozenset(records)
+
+
+def registry_kernel_names(*families) -> list[str]:
+    """Every instantiation the registry names for these families (all by default)."""
+    names = []
+    for family, line in family_limits().items():
+        if families and family not in families:
+            continue
+        fields = dict(f.split("=", 1) for f in line.split())
+        names += [f"{family}_{p}_{d}_hdim{e}" for p in fields["passes"].split(",") for d in ("fp16", "bf16")
+                  for e in fields["head_dims"].split(",")]
+    return names
+
+
 @contextlib.contextmanager
-def pretend_cuda(capability=(8, 0), kernels=None, smem_per_block=227 * 1024):
+def pretend_cuda(capability=(8, 0), kernels=None, smem_per_block=227 * 1024, smem_bytes=None):
     """Makes the router see every CUDA device with this compute capability and
-    these built kernel names (default: sm80 fwd and bwd for fp16/bf16 and every
-    head dim). Process-wide; not thread-safe."""
+    these built kernels (names; default: the registry's sm80 kernels), with
+    fake_kernels' records. Process-wide; not thread-safe."""
     if kernels is None:
-        kernels = [f"sm80_{p}_{d}_hdim{e}" for p in ("fwd", "bwd") for d in ("fp16", "bf16")
-                   for e in (32, 64, 96, 128, 192, 256)]
-    kernels = frozenset(kernels)
+        kernels = registry_kernel_names("sm80")
+    kernels = fake_kernels(kernels, smem_bytes)
     probe = _router.probe
     saved = probe.capability, probe.kernels, probe.smem_per_block
     probe.capability = lambda device: tuple(capability)
@@ -57,9 +83,9 @@ def kernel_families(*names):
             with kernel_families(request.param):
                 yield request.param
     """
-    unknown = [n for n in names if n not in _router.FAMILIES]
+    unknown = [n for n in names if n not in _router.families()]
     if unknown:
-        raise ValueError(f"unknown kernel families {unknown}; known: {', '.join(_router.FAMILIES)}")
+        raise ValueError(f"unknown kernel families {unknown}; known: {', '.join(_router.families())}")
     env = _router.FAMILIES_ENV
     previous = os.environ.get(env)
     os.environ[env] = ",".join(names)
@@ -99,4 +125,4 @@ def launched_families(fn) -> set[str]:
     if not kernels:
         raise RuntimeError("the profiler recorded no CUDA kernels (is CUPTI available?)")
     # Demangled names read "tfb::sm90::..."; mangled ones hold "3tfb4sm90".
-    return {f for f in _router.FAMILIES for n in kernels if f"tfb::{f}::" in n or f"3tfb4{f}" in n}
+    return {f for f in _router.families() for n in kernels if f"tfb::{f}::" in n or f"3tfb4{f}" in n}

@@ -1,0 +1,69 @@
+"""The kernel registry: every kernel family, its passes and head dims, and the
+limits the router needs to know which calls a kernel can run.
+
+One edit here plus `python src/generate_instantiations.py` adds a head dim or a
+family. The generator writes from it the instantiation files, src/kernel_list.h
+(the C++ dispatch lists and the records `built_kernels()` returns, which the
+router reads) and src/kernels.cmake (CMake's source lists); setup.py imports it
+for its source lists and nvcc flags. Plain Python: no torch, no CUDA.
+"""
+import dataclasses
+
+DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    passes: tuple[str, ...]
+    head_dims: tuple[int, ...]
+    # Compute capabilities the family's machine code runs on, as major * 10 + minor;
+    # max_cc 0: every later chip too.
+    min_cc: int
+    max_cc: int
+    nvcc_arch: tuple[str, ...]     # setup.py's -gencode flags for the family's sources
+    cmake_archs: str               # the same as CMake CUDA_ARCHITECTURES
+    nvcc_defines: tuple[str, ...]  # extra -D flags for the family's sources
+    stride0_ok: bool               # reads inputs broadcast with stride 0 (expand)
+    align_bytes: int               # every row of every input starts on this boundary
+    doc: str
+
+
+# In the router's order of preference where several run.
+FAMILIES = (
+    Family(
+        name="sm90", passes=("fwd",), head_dims=(64, 96, 128, 192, 256), min_cc=90, max_cc=90,
+        # wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip.
+        nvcc_arch=("-gencode=arch=compute_90a,code=sm_90a",), cmake_archs="90a-real",
+        # CuTe names wgmma tiles whose N is not 8, 16, 32, 64, 96, 128, 192 or 256
+        # only under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
+        nvcc_defines=("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",),
+        # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
+        stride0_ok=False, align_bytes=16,
+        doc="Hopper: TMA, wgmma, warp specialisation; the forward",
+    ),
+    Family(
+        name="sm80", passes=("fwd", "bwd"), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
+        # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
+        nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
+        cmake_archs="80-real;80-virtual", nvcc_defines=(),
+        stride0_ok=True, align_bytes=16,
+        doc="mma.sync and cp.async; every chip since Ampere; forward and backward",
+    ),
+)
+
+HEAD_DIMS = tuple(sorted({d for f in FAMILIES for d in f.head_dims}))
+
+
+def family(name: str) -> Family:
+    return next(f for f in FAMILIES if f.name == name)
+
+
+def instantiation_file(family_name: str, pass_: str, head_dim: int, dtype: str) -> str:
+    """Path under src/ of one instantiation."""
+    return f"{family_name}/instantiations/{pass_}_hdim{head_dim}_{dtype}_{family_name}.cu"
+
+
+def instantiation_files(fam: Family, head_dims=None) -> list[str]:
+    dims = fam.head_dims if head_dims is None else [d for d in fam.head_dims if d in head_dims]
+    return [instantiation_file(fam.name, p, d, t) for p in fam.passes for d in dims for t in DTYPES]
