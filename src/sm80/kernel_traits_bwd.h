@@ -9,9 +9,9 @@
 
 #include <type_traits>
 
+#include <cute/tensor.hpp>  // first: the atom headers below assume it
 #include <cute/atom/copy_atom.hpp>
 #include <cute/atom/mma_atom.hpp>
-#include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 namespace tfb::sm80::bwd {
