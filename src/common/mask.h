@@ -134,8 +134,9 @@ template <>
 constexpr bool kReadsMemory<FromMemory> = true;
 
 // A policy seen through tiles of kBlockM rows by kBlockN keys.
-template <int kBlockM, int kBlockN, class Policy>
+template <int kBlockM, int kBlockN, class Policy_>
 struct TileWalk {
+  using Policy = Policy_;
   Policy policy;
 
   TFB_HOST_DEVICE int num_m_blocks() const { return (policy.len_q + kBlockM - 1) / kBlockM; }
