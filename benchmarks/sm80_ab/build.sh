@@ -8,13 +8,13 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BASE=${1:?usage: build.sh <commit>}
-OUT=$ROOT/build/sm80_ab
+OUT=${OUT:-$ROOT/build/sm80_ab}
 rm -rf "$OUT/base" && mkdir -p "$OUT/base"
 git -C "$ROOT" archive "$BASE" src | tar -x -C "$OUT/base"
 CUTLASS=$(python -c "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))")/source/include
 NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -I$CUTLASS -I$ROOT/benchmarks"
-PTX="-gencode=arch=compute_80,code=compute_80"
+PTX="${PTX:--gencode=arch=compute_80,code=compute_80}"
 cd "$OUT"
 for e in 64 128; do
   $NVCC $FLAGS $PTX -I"$ROOT/src" -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o head_$e.o &
