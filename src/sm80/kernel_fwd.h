@@ -12,7 +12,7 @@ namespace sm80 {
 
 // One query tile, start to end: mainloop, softmax's finalize, epilogue.
 // Returns false, without storing anything, when kExact is false and a row
-// needed the exact softmax (softmax.h); every thread returns the same.
+// needed the exact softmax (common/softmax.h); every thread returns the same.
 template <class Traits, bool kExact>
 CUTE_DEVICE bool fwd_tile(AttnFwdParams const& p, char* smem, typename FwdMainloop<Traits>::Mask const& mask,
                           int m_block, int head, int batch) {
