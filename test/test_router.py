@@ -309,3 +309,18 @@ def test_kernel_families_restores_environment(monkeypatch):
 @testing.kernel_families("sm80")
 def test_kernel_families_as_decorator():
     assert _router.allowed_families() == {"sm80"}
+
+
+def test_kernel_records():
+    """built_kernels() lines parse into records the router reads; the families
+    and their limits come from the library (src/registry.py at build time)."""
+    from torch_flash_backend import _library
+
+    k = _library.Kernel.parse("sm90_fwd_bf16_hdim128 family=sm90 pass=fwd dtype=bf16 head_dim=128 min_cc=90 "
+                              "max_cc=90 stride0_ok=false align_bytes=16 smem_bytes=0")
+    assert k == "sm90_fwd_bf16_hdim128" and (k.family, k.pass_, k.dtype, k.head_dim) == ("sm90", "fwd", "bf16", 128)
+    assert k.runs_on((9, 0)) and not k.runs_on((10, 0)) and not k.runs_on((8, 6)) and not k.stride0_ok
+    assert _router.families() == ("sm90", "sm80")
+    assert _router._families((9, 0)) == ("sm90", "sm80") and _router._families((12, 0)) == ("sm80",)
+    bwd = next(iter(testing.fake_kernels(["sm80_bwd_fp16_hdim96"], smem_bytes={"bwd": 128 * 1024})))
+    assert bwd.stride0_ok and bwd.min_cc == 80 and bwd.max_cc == 0 and bwd.smem_bytes == 128 * 1024
