@@ -41,7 +41,7 @@ template <int kRows>
 struct OnlineSoftmax {
   // Per row this thread holds: running max of the raw scores, and the sum of
   // 2^((s - max) * scale_log2) over this thread's columns only (the quad's
-  // partial sums are combined once, in finalize).
+  // partial sums are combined once, in finalize_rows).
   cute::Tensor<cute::ArrayEngine<float, kRows>, cute::Layout<cute::Shape<cute::Int<kRows>>>> row_max;
   cute::Tensor<cute::ArrayEngine<float, kRows>, cute::Layout<cute::Shape<cute::Int<kRows>>>> row_sum;
   // Set by each update: the factor O's rows are to be scaled by.
@@ -63,13 +63,12 @@ struct OnlineSoftmax {
     return inexact;
   }
 
-  // update without touching O, on a (row, col) view of the scores: leaves in
+  // update_rows without touching O: leaves in
   // `correction` the per-row factor O must be scaled by, so a kernel can apply
   // it once a GEMM still writing O is done.
   //
-  // kExact = false skips the fix-up and its branch, which lets ptxas
-  // interleave the ex2s with the P.V MMAs that follow (the branch cost the
-  // sm80 forward 4-10%). It returns whether one of this thread's rows needed
+  // kExact = false leaves the fix-up out: in the sm80 forward ptxas turned it
+  // into predicated work on every score (4-10% of that kernel's speed). It returns whether one of this thread's rows needed
   // the fix-up; the kernel then redoes its work with kExact = true.
   template <bool kExact = true, class RowColS>
   CUTE_DEVICE bool update_stats(RowColS& s, float scale_log2) {
