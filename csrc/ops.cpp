@@ -12,8 +12,7 @@
 
 #include "kernel_list.h"
 #ifdef TFB_WITH_CUDA
-#include "api.h"
-#include "kernel_info.h"
+#include "cuda/families.h"
 #endif
 
 namespace {
@@ -32,48 +31,28 @@ std::vector<std::string> kernel_families() {
 // One line per compiled instantiation, "<name> key=value ...": the family's
 // limits and the shared memory a block needs, which the router reads.
 std::vector<std::string> built_kernels() {
-  std::vector<std::string> lines;
 #ifdef TFB_WITH_CUDA
-  std::vector<std::string> families = kernel_families();
-  auto limits_of = [&](const std::string& family) {
-    for (const std::string& line : families) {
-      // The limits alone: the family's passes and head dims are the record's own.
-      if (line.compare(0, family.size() + 1, family + " ") == 0) {
-        const std::string rest = line.substr(family.size() + 1);
-        return rest.substr(0, rest.find(" passes="));
-      }
-    }
-    return std::string();
-  };
-  const std::pair<tfb::DType, const char*> dtypes[] = {{tfb::DType::kFloat16, "fp16"}, {tfb::DType::kBFloat16, "bf16"}};
-  auto add = [&](const char* family, const char* pass, bool (*has)(tfb::DType, int),
-                 size_t (*smem)(tfb::DType, int)) {
-    for (const auto& [dtype, dtype_name] : dtypes) {
-      for (int head_dim : {TFB_HEAD_DIMS_ALL}) {
-        if (!has(dtype, head_dim)) continue;
-        const std::string d = std::to_string(head_dim);
-        lines.push_back(std::string(family) + "_" + pass + "_" + dtype_name + "_hdim" + d + " family=" + family +
-                        " pass=" + pass + " dtype=" + dtype_name + " head_dim=" + d + " " + limits_of(family) +
-                        " smem_bytes=" + std::to_string(smem(dtype, head_dim)));
-      }
-    }
-  };
-#define TFB_PASS_RECORDS(family, pass) add(#family, #pass, &tfb::family::has_##pass, &tfb::family::smem_bytes_##pass);
-  TFB_KERNEL_PASSES(TFB_PASS_RECORDS)
-#undef TFB_PASS_RECORDS
+  return tfb::kernel_records();
+#else
+  return {};
 #endif
-  return lines;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(torch_flash_backend, m) {
+  // family: the kernel family that runs the call ("sm90", "sm80"; "cpu" on
+  // CPU), as the router chose it; its instantiation for the call's dtype and
+  // head dim runs. None: the registry's first family that can run the call
+  // (csrc/cuda/families.h). The forward carries the backward's choice too, for
+  // its autograd formula. A family rather than an instantiation's name, so that
+  // a graph traced with a symbolic head dim names a kernel too.
   m.def(
-      "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False)"
-      " -> (Tensor out, Tensor lse)");
+      "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, str? family=None,"
+      " str? backward_family=None) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
-      " float? scale=None, bool is_causal=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      " float? scale=None, bool is_causal=False, str? family=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.

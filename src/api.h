@@ -1,5 +1,12 @@
 // Torch-free entry points of the kernel families. The binding in csrc/ fills a
 // params struct and calls these on its current stream.
+//
+// Every family answers the same four questions for each of its passes P
+// (src/registry.py lists them; csrc/cuda/families.cpp tables them):
+//   has_P(dtype, head_dim)    an instantiation was compiled into this library
+//   can_run_P(params)         it can read these pointers, strides and sizes
+//   P_workspace_bytes(params) scratch the caller allocates into params.workspace
+//   run_P(params, dtype, s)   launch on stream s; the launch's error
 #pragma once
 
 #include <cstddef>
@@ -14,11 +21,15 @@ namespace sm80 {
 bool has_fwd(DType dtype, int head_dim);
 bool has_bwd(DType dtype, int head_dim);
 
+// Any layout the host's checks let through (16-byte vectors, stride 0 too).
+bool can_run_fwd(const AttnFwdParams& params);
+bool can_run_bwd(const AttnBwdParams& params);
+
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
+size_t bwd_workspace_bytes(const AttnBwdParams& params);
+
 // Launch on `stream`; return the launch's error (cudaSuccess when queued).
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
-
-// Bytes of scratch the backward needs for these sizes (params.workspace).
-size_t bwd_workspace_bytes(const AttnBwdParams& params);
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace sm80
@@ -30,8 +41,10 @@ namespace sm90 {
 bool has_fwd(DType dtype, int head_dim);
 
 // Whether these sizes and strides fit the TMA descriptors (16-byte aligned
-// pointers and strides); when false, run sm80::run_fwd instead.
+// pointers and strides, none 0); when false, sm80 serves the call.
 bool can_run_fwd(const AttnFwdParams& params);
+
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
 

@@ -77,6 +77,11 @@ struct AttnFwdParams {
 
   int num_sms;  // of the device the launch targets
 
+  // Scratch of the size the family's <pass>_workspace_bytes() asks (src/api.h),
+  // allocated by the caller; no initial contents are assumed (kernels clear
+  // what they accumulate into). Null when it asks for none.
+  void* workspace;
+
   SeqLens seqlens;
   MaskArgs mask;
   SplitKV split_kv;
@@ -99,10 +104,6 @@ struct AttnBwdParams : AttnFwdParams {
   int64_t dq_batch_stride, dq_head_stride, dq_row_stride;
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
-
-  // Scratch the caller allocates with bwd_workspace_bytes(); no initial
-  // contents are assumed (the kernels clear what they accumulate into).
-  void* workspace;
 
   // dQ summed in a fixed order, so that every run gives the same bits
   // (torch.use_deterministic_algorithms); the workspace grows with it.

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_flash_backend as tfb
-from torch_flash_backend import testing
+from torch_flash_backend import _router, testing
 
 from reference import assert_within_baseline, attention_ref, max_err
 
@@ -40,7 +40,9 @@ def family(request):
 
 
 def fwd(q, k, v, scale=None, is_causal=False):
-    return torch.ops.torch_flash_backend.fwd(q, k, v, scale, is_causal)
+    """The forward op running the family the pinned families choose."""
+    family, _ = _router.pinned_families(q, k, v, needs_grad=False)
+    return torch.ops.torch_flash_backend.fwd(q, k, v, scale, is_causal, family)
 
 
 def kernel_name(family, dtype, head_dim):
@@ -195,13 +197,59 @@ def test_batch_beyond_grid_limit(family):
 
 
 def test_family_runs_its_own_kernels(family):
-    """kernel_families reaches the C++ op: the launched kernels are the pinned family's."""
+    """The family the op is given is the one that runs: the launched kernels are the pinned family's."""
     require_kernel(family, torch.bfloat16, 128)
     q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    assert _router.pinned_families(q, k, v) == (family, None)
     launched = testing.launched_families(lambda: fwd(q, k, v, None, True))
-    assert family in launched, f"pinned {family}, launched {launched}"
-    if family == "sm80":
-        assert "sm90" not in launched, f"pinned sm80, launched {launched}"
+    assert launched == {family}, f"pinned {family}, launched {launched}"
+    with testing.kernel_families():  # the setting does not reach the op: its argument does
+        by_name = lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, True, family)
+        assert testing.launched_families(by_name) == {family}
+
+
+def test_op_default_kernel_is_the_registrys_first():
+    """family=None: the first family in the registry's order that runs the call."""
+    require_kernel("sm80", torch.bfloat16, 128)
+    q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sm90 = torch.cuda.get_device_capability() == (9, 0) and "sm90_fwd_bf16_hdim128" in tfb.built_kernels()
+    expected = {"sm90"} if sm90 else {"sm80"}
+    with testing.kernel_families("sm80"):  # a router setting: the op does not read it
+        launched = testing.launched_families(lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, True))
+    assert launched == expected, launched
+    # A stride-0 K (expand) is past sm90's TMA: the default moves on to sm80.
+    kx = k[:1].expand(2, -1, -1, -1)
+    launched = testing.launched_families(lambda: torch.ops.torch_flash_backend.fwd(q, kx, v, None, True))
+    assert launched == {"sm80"}, launched
+
+
+def test_op_family_argument_errors():
+    """A family that cannot run the call raises, naming it and why."""
+    require_kernel("sm80", torch.bfloat16, 128)
+    ops = torch.ops.torch_flash_backend
+    q, k, v = (torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"family='sm80' has no forward kernel built for bf16 head_dim=40"):
+        ops.fwd(q[..., :40], k[..., :40], v[..., :40], None, False, "sm80")
+    with pytest.raises(RuntimeError, match=r"family='cpu' has no CUDA forward kernels; these do: .*sm80"):
+        ops.fwd(q, k, v, None, False, "cpu")
+    if "sm90_fwd_bf16_hdim128" in tfb.built_kernels():
+        if torch.cuda.get_device_capability() != (9, 0):
+            with pytest.raises(RuntimeError, match=r"family='sm90' does not run on compute capability .* "
+                                                   r"\(it runs on 9.0\)"):
+                ops.fwd(q, k, v, None, False, "sm90")
+        else:
+            with pytest.raises(RuntimeError, match=r"family='sm90' cannot read these inputs' layout \(a stride "
+                                                   r"of 0"):
+                ops.fwd(q, k[:, :1].expand(1, 2, 64, 128), v, None, False, "sm90")
+    # The forward carries the backward's family to its autograd formula.
+    qg = q.clone().requires_grad_()
+    out, _ = ops.fwd(qg, k, v, None, False, None, "sm90")
+    with pytest.raises(RuntimeError, match=r"family='sm90' has no CUDA backward kernels"):
+        out.sum().backward()
+    if "sm80_bwd_bf16_hdim128" in tfb.built_kernels():
+        out, _ = ops.fwd(qg, k, v, None, False, None, "sm80")
+        out.sum().backward()
+        assert qg.grad is not None and torch.isfinite(qg.grad).all()
 
 
 def test_default_forward_is_sm90_on_hopper():

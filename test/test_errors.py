@@ -87,6 +87,19 @@ def test_ops_check_their_arguments():
         ops.bwd(out, q, k, v, out, lse.double())
 
 
+def test_ops_family_argument_on_cpu():
+    """On CPU the only kernel family is "cpu"; another raises, naming it."""
+    q, k, v = qkv()
+    out, lse = ops.fwd(q, k, v, None, False, "cpu", "cpu")
+    torch.testing.assert_close(out, ops.fwd(q, k, v)[0])
+    with pytest.raises(RuntimeError, match=r"family='sm80' cannot run on CPU; the CPU kernels' family is 'cpu'"):
+        ops.fwd(q, k, v, None, False, "sm80")
+    with pytest.raises(RuntimeError, match=r"family='sm90' cannot run on CPU"):
+        ops.fwd(q, k, v, None, False, "cpu", "sm90")
+    with pytest.raises(RuntimeError, match=r"family='sm80' cannot run on CPU"):
+        ops.bwd(out, q, k, v, out, lse, None, False, "sm80")
+
+
 @pytest.mark.parametrize("shape", [dict(b=0), dict(hq=0, hkv=0), dict(length=0), dict(s=0)],
                          ids=["batch", "heads", "query", "keys"])
 def test_zero_size_like_pytorch(shape):

@@ -184,8 +184,10 @@ def test_library_loads_with_torch_ops_load_library():
     result = subprocess.run([sys.executable, "-c", code, _built_library()], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     fwd, bwd = result.stdout.splitlines()[-2:]
-    assert fwd.startswith("torch_flash_backend::fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False)")
-    assert bwd.startswith("torch_flash_backend::bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse")
+    assert fwd.startswith("torch_flash_backend::fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, "
+                          "str? family=None, str? backward_family=None)")
+    assert bwd.startswith("torch_flash_backend::bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                          "float? scale=None, bool is_causal=False, str? family=None)")
 
 
 def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):

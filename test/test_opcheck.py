@@ -63,6 +63,16 @@ def test_opcheck_bwd(index):
     torch.library.opcheck(ops.bwd.default, (grad_out, q, k, v, out, lse, scale, causal))
 
 
+@pytest.mark.parametrize("index", range(len(SAMPLES)), ids=[sample_id(s) for s in SAMPLES])
+def test_opcheck_with_families(index):
+    """The ops given the router's families (the CPU's), the backward's through autograd."""
+    q, k, v, scale, causal = list(sample_inputs(True))[index]
+    torch.library.opcheck(ops.fwd.default, (q, k, v, scale, causal, "cpu", "cpu"))
+    out, lse = ops.fwd(q, k, v, scale, causal, "cpu", "cpu")
+    torch.library.opcheck(ops.bwd.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(),
+                                            out.detach(), lse, scale, causal, "cpu"))
+
+
 def test_fake_strides_match_real():
     for q, k, v, scale, causal in sample_inputs(False):
         real = ops.fwd(q, k, v, scale, causal)

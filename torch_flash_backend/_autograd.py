@@ -1,5 +1,6 @@
 """The autograd formula of the forward op: its backward is the bwd op, which
-recomputes attention from the saved logsumexp."""
+recomputes attention from the saved logsumexp, with the backward family the
+forward's caller chose (its backward_family argument)."""
 import torch
 
 from . import _fake  # noqa: F401  (the ops and their fake kernels)
@@ -9,17 +10,18 @@ _ops = torch.ops.torch_flash_backend
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal = inputs
+    q, k, v, scale, is_causal, _family, backward_family = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.scale, ctx.is_causal = scale, is_causal
+    ctx.scale, ctx.is_causal, ctx.backward_family = scale, is_causal, backward_family
 
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, out, lse, ctx.scale, ctx.is_causal)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, out, lse, ctx.scale, ctx.is_causal,
+                          ctx.backward_family)
+    return dq, dk, dv, None, None, None, None
 
 
 def _no_double_backward(ctx, *grads):

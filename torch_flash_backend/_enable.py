@@ -94,7 +94,7 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, 
     _stats.count(decision)
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
-        return _ops.fwd(q, k, v, scale, is_causal)[0]
+        return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family)[0]
     if strict:
         raise UnsupportedError(decision.reason)
     logger.debug("scaled_dot_product_attention falls back to PyTorch SDPA: %s", decision.reason)

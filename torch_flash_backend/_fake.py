@@ -15,14 +15,14 @@ def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
 
 
 @torch.library.register_fake("torch_flash_backend::fwd")
-def _fwd_fake(q, k, v, scale=None, is_causal=False):
+def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family=None):
     check_inputs(q, k, v, scale)
     b, h, length, e = q.shape
     return empty_blhe(q, b, h, length, e), q.new_empty((b, h, length), dtype=torch.float32)
 
 
 @torch.library.register_fake("torch_flash_backend::bwd")
-def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False):
+def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=None):
     check_inputs(q, k, v, scale)
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)

@@ -79,8 +79,9 @@ def _unsupported(backward: bool, cum_seq_q=None, cum_seq_k=None, return_debug_ma
     return reason is not None
 
 
-def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
-    """q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
+def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> str | None:
+    """The kernel family that serves the call (the backward's when backward), or None;
+    q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
     calls are. PyTorch's flash kernels align a causal mask with L != S
     bottom-right, ours top-left: such calls stay with PyTorch."""
     if q.dim() != 4 or k.dim() != 4:
@@ -91,7 +92,9 @@ def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> bool:
     else:
         decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward)
     _count(decision, backward)
-    return decision.served
+    if not decision.served:
+        return None
+    return decision.backward_family if backward else decision.family
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -112,8 +115,8 @@ def _rng_placeholders(query: torch.Tensor):
     return seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-def _backward(grad_out, q, k, v, out, lse, scale, is_causal):
-    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, kernel_friendly(out), lse, scale, is_causal)
+def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family):
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, kernel_friendly(out), lse, scale, is_causal, family)
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 
@@ -124,8 +127,9 @@ def _make_kernels(original):
         if not _unsupported(False, cum_seq_q, cum_seq_k, return_debug_mask, seqused_k, alibi_slopes,
                             window_size_left, window_size_right):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
-            if _serves(q, k, v, dropout_p, is_causal, scale, backward=False):
-                out, lse = _ops.fwd(q, k, v, scale, is_causal)
+            family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False)
+            if family is not None:
+                out, lse = _ops.fwd(q, k, v, scale, is_causal, family)
                 return _like(out.transpose(1, 2), query), lse, *_rng_placeholders(query)
         return original["_flash_attention_forward"].call_boxed(
             keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -138,8 +142,9 @@ def _make_kernels(original):
         if not _unsupported(True, cum_seq_q, cum_seq_k, window_size_left=window_size_left,
                             window_size_right=window_size_right):
             q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
-            if _serves(q, k, v, dropout_p, is_causal, scale, backward=True) and _lse_ok(logsumexp, q):
-                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal)
+            family = _serves(q, k, v, dropout_p, is_causal, scale, backward=True) if _lse_ok(logsumexp, q) else None
+            if family is not None:
+                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal, family)
                 return _like(dq.transpose(1, 2), query), _like(dk.transpose(1, 2), key), _like(dv.transpose(1, 2), value)
         return original["_flash_attention_backward"].call_boxed(
             keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
@@ -148,9 +153,10 @@ def _make_kernels(original):
 
     def sdpa_flash(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                    scale=None):
-        if (not _unsupported(False, return_debug_mask=return_debug_mask)
-                and _serves(query, key, value, dropout_p, is_causal, scale, backward=False)):
-            out, lse = _ops.fwd(query, key, value, scale, is_causal)
+        family = (None if _unsupported(False, return_debug_mask=return_debug_mask)
+                  else _serves(query, key, value, dropout_p, is_causal, scale, backward=False))
+        if family is not None:
+            out, lse = _ops.fwd(query, key, value, scale, is_causal, family)
             seed, offset, debug_mask = _rng_placeholders(query)
             return _like(out, query), lse, None, None, query.size(2), key.size(2), seed, offset, debug_mask
         return original["_scaled_dot_product_flash_attention"].call_boxed(
@@ -158,9 +164,10 @@ def _make_kernels(original):
 
     def sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                             max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        if (not _unsupported(True, cum_seq_q, cum_seq_k) and _lse_ok(logsumexp, query)
-                and _serves(query, key, value, dropout_p, is_causal, scale, backward=True)):
-            return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal)
+        family = (None if _unsupported(True, cum_seq_q, cum_seq_k) or not _lse_ok(logsumexp, query)
+                  else _serves(query, key, value, dropout_p, is_causal, scale, backward=True))
+        if family is not None:
+            return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal, family)
         return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
             keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
             is_causal, philox_seed, philox_offset, scale=scale)

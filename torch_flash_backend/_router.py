@@ -38,6 +38,15 @@ class Decision:
     reason: str
     backward_kernel: str | None = None
 
+    @property
+    def family(self) -> str | None:
+        """The forward kernel's family ("sm90", "sm80", "cpu"): what the op is given."""
+        return None if self.kernel is None else self.kernel.split("_", 1)[0]
+
+    @property
+    def backward_family(self) -> str | None:
+        return None if self.backward_kernel is None else self.backward_kernel.split("_", 1)[0]
+
     def __str__(self) -> str:
         if self.served:
             return f"served by {self.kernel} ({self.reason})"
@@ -80,9 +89,9 @@ class _Probe:
 probe = _Probe()
 
 
-# Comma-separated family names the CUDA ops and the router may use, e.g. "sm80";
-# unset or empty: every family. The C++ ops read the same variable, so that a
-# benchmark or test can pin a family without rebuilding.
+# Comma-separated family names the router may choose, e.g. "sm80"; unset or
+# empty: every family. Read here alone: the ops run the family they are given
+# (their `family` argument), so a benchmark or test pins a family without rebuilding.
 FAMILIES_ENV = "TFB_KERNEL_FAMILIES"
 
 
@@ -182,6 +191,23 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
         if bad is not None:
             return _fallback(bad)
     return decision
+
+
+def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None, str | None]:
+    """The (forward, backward) families for a call to the ops that skips
+    decide() (flash_attn): (None, None) when TFB_KERNEL_FAMILIES is unset or q
+    is not on CUDA, so the ops run the registry's first kernel that can; else the
+    allowed families' choice, raising with the reason when none serves."""
+    if allowed_families() is None or q.device.type != "cuda":
+        return None, None
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
+    decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
+                                 broadcast)
+    if not decision.served:
+        raise RuntimeError(f"torch_flash_backend: {decision.reason}")
+    return decision.family, decision.backward_family
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,

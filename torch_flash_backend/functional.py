@@ -2,6 +2,7 @@
 import torch
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
+from . import _router
 from ._checks import check_inputs
 
 _ops = torch.ops.torch_flash_backend
@@ -17,7 +18,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
     ``enable_gqa=True``. No routing: what the kernels do not support
     (``attn_mask``, ``dropout_p > 0``) raises, naming the argument, instead of
-    falling back.
+    falling back. The kernels are the registry's first that run the call,
+    within the families ``TFB_KERNEL_FAMILIES`` allows.
     """
     if attn_mask is not None:
         raise NotImplementedError("flash_attn: attn_mask is not supported (only is_causal masking); "
@@ -32,4 +34,5 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     if q.size(1) != k.size(1) and not enable_gqa:
         raise ValueError(f"flash_attn: q has {q.size(1)} heads but k/v have {k.size(1)}; pass enable_gqa=True "
                          "for grouped-query attention")
-    return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal)[0]
+    family, backward_family = _router.pinned_families(q, k, v)
+    return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family)[0]

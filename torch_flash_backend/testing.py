@@ -70,10 +70,13 @@ def pretend_cuda(capability=(8, 0), kernels=None, smem_per_block=227 * 1024, sme
 
 @contextlib.contextmanager
 def kernel_families(*names):
-    """Lets the CUDA ops and the router use only these kernel families, e.g.
-    kernel_families("sm80") runs the forward with sm80 on Hopper too; no names:
-    every family. Sets TFB_KERNEL_FAMILIES for its duration and restores the
-    previous value on exit, so it is process-wide and not thread-safe.
+    """Lets the router (enable(), explain(), flash_attn, PyTorch's flash hook)
+    choose only these kernel families, e.g. kernel_families("sm80") runs the
+    forward with sm80 on Hopper too; no names: every family. The ops themselves
+    run the family they are given (family=...; None: the registry's first), so
+    a direct op call follows it through _router.pinned_families. Sets
+    TFB_KERNEL_FAMILIES for its duration and restores the previous value on
+    exit, so it is process-wide and not thread-safe.
 
     Also a decorator (``@kernel_families("sm80")`` on a test function), and a
     pytest fixture body::

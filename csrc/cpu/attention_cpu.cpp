@@ -366,8 +366,18 @@ void dispatch_dtype(at::ScalarType dtype, F&& f) {
   }
 }
 
+// The CPU's kernels are one family, "cpu"; a family named by the caller must be it.
+void check_family(const std::optional<c10::string_view>& family) {
+  TORCH_CHECK(!family.has_value() || *family == "cpu", "family='", *family,
+              "' cannot run on CPU; the CPU kernels' family is 'cpu'");
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                           std::optional<double> scale, bool is_causal) {
+                                           std::optional<double> scale, bool is_causal,
+                                           std::optional<c10::string_view> family,
+                                           std::optional<c10::string_view> backward_family) {
+  check_family(family);
+  check_family(backward_family);
   const AttnShape s = check_qkv(q, k, v);
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
@@ -382,7 +392,9 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_out, const at::Tensor& q,
                                                        const at::Tensor& k, const at::Tensor& v,
                                                        const at::Tensor& out, const at::Tensor& lse,
-                                                       std::optional<double> scale, bool is_causal) {
+                                                       std::optional<double> scale, bool is_causal,
+                                                       std::optional<c10::string_view> family) {
+  check_family(family);
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
   at::Tensor dq, dk, dv;

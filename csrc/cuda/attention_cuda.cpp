@@ -1,12 +1,12 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
-// (fill_params.h), launch the family families.h chooses on the current stream.
+// (fill_params.h), launch the kernel families.h picks (the op's `family`
+// argument's, else the registry's first) on the current stream.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
-#include "api.h"
 #include "checks.h"
 #include "device.h"
 #include "families.h"
@@ -39,8 +39,20 @@ const DeviceInfo& check_cuda_device(const at::Tensor& q) {
   return info;
 }
 
+// Allocates the scratch `kernels` asks for into p.workspace; the tensor keeps it alive.
+template <class Params>
+at::Tensor attach_workspace(const PassKernels<Params>& kernels, Params& p, const at::Tensor& q) {
+  const size_t bytes = kernels.workspace_bytes(p);
+  if (bytes == 0) return {};
+  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  return workspace;
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            std::optional<double> scale, bool is_causal) {
+                                            std::optional<double> scale, bool is_causal,
+                                            std::optional<c10::string_view> family,
+                                            std::optional<c10::string_view> /*backward_family: autograd's*/) {
   const AttnShape s = check_qkv(q, k, v);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out, lse;
@@ -53,17 +65,19 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   check_vector_aligned(v, "v");
   AttnFwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  const cudaError_t err = forward_family(info, dtype, p, q, s) == Family::kSm90 ? sm90::run_fwd(p, dtype, stream)
-                                                                                 : sm80::run_fwd(p, dtype, stream);
-  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend fwd launch failed: ", cudaGetErrorString(err));
+  const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
+  const at::Tensor workspace = attach_workspace(chosen, p, q);
+  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
+              " launch failed: ", cudaGetErrorString(err));
   return {out, lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_out, const at::Tensor& q,
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& lse,
-                                                        std::optional<double> scale, bool is_causal) {
+                                                        std::optional<double> scale, bool is_causal,
+                                                        std::optional<c10::string_view> family) {
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
   c10::cuda::CUDAGuard guard(q.device());
@@ -72,7 +86,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   if (is_empty_problem(s)) return {dq, dk, dv};
   const DeviceInfo& info = check_cuda_device(q);
   const DType dtype = to_dtype(q);
-  check_backward(dtype, q, s);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
   check_vector_aligned(v, "v");
@@ -81,10 +94,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   AttnBwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
   fill_bwd(p, grad_out, dq, dk, dv);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(sm80::bwd_workspace_bytes(p))}, q.options().dtype(at::kByte));
-  p.workspace = workspace.data_ptr();
-  const cudaError_t err = sm80::run_bwd(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend bwd launch failed: ", cudaGetErrorString(err));
+  const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
+  const at::Tensor workspace = attach_workspace(chosen, p, q);
+  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
+              " launch failed: ", cudaGetErrorString(err));
   return {dq, dk, dv};
 }
 

@@ -1,59 +1,142 @@
 #include "families.h"
 
-#include <algorithm>
-#include <cstdlib>
-
 #include <c10/util/Exception.h>
 
 #include "api.h"
+#include "kernel_info.h"
+#include "kernel_list.h"
 
 namespace tfb {
 namespace {
 
-constexpr const char* kFamiliesEnv = "TFB_KERNEL_FAMILIES";
+const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 
-std::string_view trim(std::string_view s) {
-  const size_t first = s.find_first_not_of(" \t");
-  return first == std::string_view::npos ? std::string_view() : s.substr(first, s.find_last_not_of(" \t") - first + 1);
+// The registry's limits of a family (TFB_KERNEL_FAMILIES), as built_kernels() prints them.
+struct Limits {
+  std::string_view family;
+  int min_cc, max_cc;
+  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16"
+};
+constexpr Limits kLimits[] = {
+#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, passes, head_dims)                 \
+  {#family, min_cc, max_cc,                                                                             \
+   "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes},
+    TFB_KERNEL_FAMILIES(TFB_LIMITS)
+#undef TFB_LIMITS
+};
+
+const Limits& limits_of(std::string_view family) {
+  for (const Limits& l : kLimits) {
+    if (l.family == family) return l;
+  }
+  TORCH_CHECK(false, "kernel family ", family, " is missing from TFB_KERNEL_FAMILIES (src/kernel_list.h)");
 }
 
-// Every pass falls back on sm80; the error names the switch that took it away.
-void check_sm80(bool built, const char* pass, const at::Tensor& q, const AttnShape& s) {
-  TORCH_CHECK(family_allowed("sm80"), kFamiliesEnv, "=\"", std::getenv(kFamiliesEnv),
-              "\" excludes sm80, the only kernel family that can run this ", pass, " (head_dim=", s.head_dim,
-              ", dtype ", q.scalar_type(), ", ", q.device(), ")");
-  TORCH_CHECK(built, "no sm80 ", pass, " kernel was built for head_dim=", s.head_dim, " and dtype ", q.scalar_type());
+struct Table {
+  std::vector<FwdKernels> fwd;
+  std::vector<BwdKernels> bwd;
+  std::vector<size_t (*)(DType, int)> fwd_smem, bwd_smem;
+};
+
+// Built once from TFB_KERNEL_PASSES, in the registry's order of preference.
+const Table& table() {
+  static const Table t = [] {
+    Table t;
+    auto add = [](auto& list, auto& smem, const char* family, const char* pass, auto has, auto can_run,
+                  auto workspace_bytes, auto run, size_t (*smem_bytes)(DType, int)) {
+      const Limits& l = limits_of(family);
+      list.push_back({family, pass, l.min_cc, l.max_cc, has, can_run, workspace_bytes, run});
+      smem.push_back(smem_bytes);
+    };
+#define TFB_ADD_PASS(family, pass)                                                                    \
+  add(t.pass, t.pass##_smem, #family, #pass, &family::has_##pass, &family::can_run_##pass,            \
+      &family::pass##_workspace_bytes, &family::run_##pass, &family::smem_bytes_##pass);
+    TFB_KERNEL_PASSES(TFB_ADD_PASS)
+#undef TFB_ADD_PASS
+    return t;
+  }();
+  return t;
+}
+
+template <class Params>
+std::string built_names(const std::vector<PassKernels<Params>>& kernels, DType dtype, int head_dim) {
+  std::string names;
+  for (const auto& k : kernels) {
+    if (k.has(dtype, head_dim)) names += (names.empty() ? "" : ", ") + k.name(dtype, head_dim);
+  }
+  return names.empty() ? "none" : names;
+}
+
+std::string cc_range(int min_cc, int max_cc) {
+  auto cc = [](int v) { return std::to_string(v / 10) + "." + std::to_string(v % 10); };
+  return max_cc == 0 ? cc(min_cc) + " and later" : min_cc == max_cc ? cc(min_cc) : cc(min_cc) + " to " + cc(max_cc);
+}
+
+template <class Params>
+const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernels, const char* pass,
+                                  const std::optional<std::string_view>& family, const DeviceInfo& info,
+                                  DType dtype, const Params& p) {
+  if (family.has_value()) {
+    std::string families;
+    for (const auto& k : kernels) {
+      families += (families.empty() ? "" : ", ") + std::string(k.family);
+      if (k.family != *family) continue;
+      TORCH_CHECK(k.has(dtype, p.head_dim), "family='", *family, "' has no ", pass, " kernel built for ",
+                  dtype_name(dtype), " head_dim=", p.head_dim, " (built: ", built_names(kernels, dtype, p.head_dim),
+                  ")");
+      TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
+                  info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
+      TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
+                  "expand(), or a stride or pointer that is not a multiple of 16 bytes)");
+      return k;
+    }
+    TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
+  }
+  for (const auto& k : kernels) {
+    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.can_run(p)) return k;
+  }
+  TORCH_CHECK(false, "no ", pass, " kernel built for ", dtype_name(dtype), " head_dim=", p.head_dim,
+              " runs these inputs on compute capability ", info.major, ".", info.minor,
+              " (built: ", built_names(kernels, dtype, p.head_dim), ")");
 }
 
 }  // namespace
 
-bool family_allowed(std::string_view family) {
-  const char* env = std::getenv(kFamiliesEnv);
-  std::string_view rest = env == nullptr ? "" : env;
-  bool names_any = false;
-  while (!rest.empty()) {
-    const size_t end = std::min(rest.find(','), rest.size());
-    const std::string_view name = trim(rest.substr(0, end));
-    rest.remove_prefix(std::min(end + 1, rest.size()));
-    if (name == family) return true;
-    names_any = names_any || !name.empty();
-  }
-  return !names_any;
+template <class Params>
+std::string PassKernels<Params>::name(DType dtype, int head_dim) const {
+  return std::string(family) + "_" + pass + "_" + dtype_name(dtype) + "_hdim" + std::to_string(head_dim);
+}
+template struct PassKernels<AttnFwdParams>;
+template struct PassKernels<AttnBwdParams>;
+
+const FwdKernels& forward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
+                                  DType dtype, const AttnFwdParams& p) {
+  return choose(table().fwd, "forward", family, info, dtype, p);
 }
 
-Family forward_family(const DeviceInfo& info, DType dtype, const AttnFwdParams& p, const at::Tensor& q,
-                      const AttnShape& s) {
-  // sm_90a code runs on compute capability 9.0 alone, not on later chips.
-  if (info.major == 9 && info.minor == 0 && family_allowed("sm90") && sm90::has_fwd(dtype, p.head_dim) &&
-      sm90::can_run_fwd(p)) {
-    return Family::kSm90;
-  }
-  check_sm80(sm80::has_fwd(dtype, p.head_dim), "forward", q, s);
-  return Family::kSm80;
+const BwdKernels& backward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
+                                   DType dtype, const AttnBwdParams& p) {
+  return choose(table().bwd, "backward", family, info, dtype, p);
 }
 
-void check_backward(DType dtype, const at::Tensor& q, const AttnShape& s) {
-  check_sm80(sm80::has_bwd(dtype, s.head_dim), "backward", q, s);
+std::vector<std::string> kernel_records() {
+  std::vector<std::string> lines;
+  auto add = [&](const auto& kernels, const auto& smem) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const auto& k = kernels[i];
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+        for (int head_dim : {TFB_HEAD_DIMS_ALL}) {
+          if (!k.has(dtype, head_dim)) continue;
+          lines.push_back(k.name(dtype, head_dim) + " family=" + k.family + " pass=" + k.pass +
+                          " dtype=" + dtype_name(dtype) + " head_dim=" + std::to_string(head_dim) + " " +
+                          limits_of(k.family).text + " smem_bytes=" + std::to_string(smem[i](dtype, head_dim)));
+        }
+      }
+    }
+  };
+  add(table().fwd, table().fwd_smem);
+  add(table().bwd, table().bwd_smem);
+  return lines;
 }
 
 }  // namespace tfb

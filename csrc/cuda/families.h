@@ -1,29 +1,54 @@
-// Which kernel family runs a CUDA call: the one place the ops choose.
+// The CUDA kernels the ops launch, one entry per (family, pass) of the
+// registry (src/kernel_list.h), and the one rule that picks among them: the
+// family the caller names (the ops' `family` argument, which is how the
+// router's decision reaches the op), else the first family, in the registry's
+// order, that has an instantiation for the call and can run it.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
-#include <ATen/core/Tensor.h>
+#include <cuda_runtime_api.h>
 
-#include "checks.h"
 #include "device.h"
 #include "params.h"
 
 namespace tfb {
 
-// TFB_KERNEL_FAMILIES (comma-separated names, e.g. "sm80"; unset or naming
-// none: all) limits the families these ops launch, as it limits the Python
-// router. Read on every call: a process may change it between calls.
-bool family_allowed(std::string_view family);
+// One pass of one family: the entry points src/api.h declares for it.
+template <class Params>
+struct PassKernels {
+  const char* family;
+  const char* pass;
+  int min_cc, max_cc;  // the registry's, major * 10 + minor; max_cc 0: no upper bound
+  bool (*has)(DType, int);
+  bool (*can_run)(const Params&);
+  size_t (*workspace_bytes)(const Params&);
+  cudaError_t (*run)(const Params&, DType, cudaStream_t);
 
-enum class Family { kSm80, kSm90 };
+  bool runs_on(const DeviceInfo& info) const {
+    const int cc = info.major * 10 + info.minor;
+    return min_cc <= cc && (max_cc == 0 || cc <= max_cc);
+  }
+  // "sm80_fwd_bf16_hdim128", as built_kernels() and the router spell it.
+  std::string name(DType dtype, int head_dim) const;
+};
+using FwdKernels = PassKernels<AttnFwdParams>;
+using BwdKernels = PassKernels<AttnBwdParams>;
 
-// The forward's family for these params on this device; raises naming the
-// reason when none can run them.
-Family forward_family(const DeviceInfo& info, DType dtype, const AttnFwdParams& p, const at::Tensor& q,
-                      const AttnShape& s);
+// The kernels for these params: `family`'s when given (raising, naming it, when
+// it has no such pass, no instantiation for the dtype and head dim, or cannot
+// run on this device or these strides), else the registry's first that can run
+// them (raising when none).
+const FwdKernels& forward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
+                                  DType dtype, const AttnFwdParams& p);
+const BwdKernels& backward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
+                                   DType dtype, const AttnBwdParams& p);
 
-// The backward is sm80's on every chip; raises when it cannot run.
-void check_backward(DType dtype, const at::Tensor& q, const AttnShape& s);
+// built_kernels()'s records, one per compiled instantiation:
+// "<name> family=… pass=… dtype=… head_dim=… min_cc=… max_cc=… stride0_ok=… align_bytes=… smem_bytes=…".
+std::vector<std::string> kernel_records();
 
 }  // namespace tfb

@@ -49,6 +49,10 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
   return err;
 }
 
+bool can_run_fwd(const AttnFwdParams&) { return true; }
+bool can_run_bwd(const AttnBwdParams&) { return true; }
+
+size_t fwd_workspace_bytes(const AttnFwdParams&) { return 0; }
 size_t bwd_workspace_bytes(const AttnBwdParams& params) { return bwd_workspace_bytes_impl(params); }
 
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream) {

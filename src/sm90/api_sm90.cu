@@ -48,6 +48,8 @@ bool can_run_fwd(const AttnFwdParams& p) {
          strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
 }
 
+size_t fwd_workspace_bytes(const AttnFwdParams&) { return 0; }
+
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
   cudaError_t err = cudaErrorNotSupported;
   visit(dtype, params.head_dim, [&](auto element, auto head_dim) {
