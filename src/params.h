@@ -24,6 +24,13 @@ struct SeqLens {
   const int* cu_q = nullptr;    // (B + 1); batch b's query rows are [cu_q[b], cu_q[b + 1])
   const int* cu_k = nullptr;    // (B + 1); the same for keys
   const int* used_k = nullptr;  // (B); keys in use per batch, at most the batch's length
+
+  // Batch b's lengths, given the params' (longest) len_q / len_k.
+  TFB_PARAMS_HD int q(int b, int len_q) const { return cu_q ? cu_q[b + 1] - cu_q[b] : len_q; }
+  TFB_PARAMS_HD int k(int b, int len_k) const {
+    if (used_k) return used_k[b];
+    return cu_k ? cu_k[b + 1] - cu_k[b] : len_k;
+  }
 };
 
 // Masks beyond SDPA's is_causal flag (common/mask.h): band edges in keys from
@@ -88,11 +95,8 @@ struct AttnFwdParams {
   Descales descales;
 
   // Batch b's query and key lengths: kernels read lengths through these.
-  TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.cu_q ? seqlens.cu_q[b + 1] - seqlens.cu_q[b] : len_q; }
-  TFB_PARAMS_HD int seqlen_k(int b) const {
-    if (seqlens.used_k) return seqlens.used_k[b];
-    return seqlens.cu_k ? seqlens.cu_k[b + 1] - seqlens.cu_k[b] : len_k;
-  }
+  TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.q(b, len_q); }
+  TFB_PARAMS_HD int seqlen_k(int b) const { return seqlens.k(b, len_k); }
 };
 
 struct AttnBwdParams : AttnFwdParams {

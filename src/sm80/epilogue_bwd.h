@@ -53,8 +53,8 @@ struct BwdEpilogue {
                   n0 * p.dk_row_stride;
     Element* dv = static_cast<Element*>(p.dv) + blk.batch * p.dv_batch_stride + blk.head_kv * p.dv_head_stride +
                   n0 * p.dv_row_stride;
-    write(sdK, dk, p.dk_row_stride, p.len_k - n0);
-    write(sdV, dv, p.dv_row_stride, p.len_k - n0);
+    write(sdK, dk, p.dk_row_stride, blk.len_k - n0);
+    write(sdV, dv, p.dv_row_stride, blk.len_k - n0);
   }
 };
 

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
   // Default: gridDim.x = key blocks and one shared accumulator. Deterministic:
   // gridDim.x = ws.splits, and this CTA alone adds into split blockIdx.x.
   float* dq_accum = ws.dq_accum + (ws.splits > 1 ? blockIdx.x * ws.split_elems : 0);
-  const typename BwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.len_q, p.len_k)};
+  const typename BwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.seqlen_q(batch), p.seqlen_k(batch))};
   const int n_blocks = mask.num_n_blocks();
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
   Tensor acc_dk = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});

@@ -19,13 +19,15 @@ namespace tfb::sm80::bwd {
 // dK and dV sum over the group in registers, in a fixed order.
 struct BwdBlock {
   int n_block, head_kv, batch, group;
+  int len_q, len_k;  // the batch's (AttnFwdParams::seqlen_q / seqlen_k)
   int m_begin;  // first query block that sees the keys (the mask's m_blocks)
   int m_count;  // query blocks per head from m_begin on
   int steps;
 
   template <class Walk>
   CUTE_DEVICE BwdBlock(const AttnBwdParams& p, Walk const& mask, int n_block_, int head_kv_, int batch_)
-      : n_block(n_block_), head_kv(head_kv_), batch(batch_), group(p.heads_q / p.heads_kv) {
+      : n_block(n_block_), head_kv(head_kv_), batch(batch_), group(p.heads_q / p.heads_kv),
+        len_q(p.seqlen_q(batch_)), len_k(p.seqlen_k(batch_)) {
     const auto m_blocks = mask.m_blocks(n_block);
     m_begin = m_blocks.begin;
     m_count = m_blocks.end - m_blocks.begin;
@@ -74,9 +76,9 @@ struct BwdMainloop {
                        blk.head_kv * p.v_head_stride + n0 * p.v_row_stride;
     using Layout = typename Traits::SmemLayoutKV;
     load_tile(make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(p.k_row_stride, _1{})),
-              view(smem + Traits::kOffK, Layout{}), p.len_k - n0);
+              view(smem + Traits::kOffK, Layout{}), blk.len_k - n0);
     load_tile(make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(p.v_row_stride, _1{})),
-              view(smem + Traits::kOffV, Layout{}), p.len_k - n0);
+              view(smem + Traits::kOffV, Layout{}), blk.len_k - n0);
   }
 
   // Q (or dO, with the dO pointer and strides) of one step into a stage.
@@ -85,7 +87,7 @@ struct BwdMainloop {
     const int h = step.head_q, m0 = step.m_block * kM;
     const Element* g = static_cast<const Element*>(base) + blk.batch * batch_stride + h * head_stride + m0 * row_stride;
     load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
-              view(s, typename Traits::SmemLayoutQ{}), p.len_q - m0);
+              view(s, typename Traits::SmemLayoutQ{}), blk.len_q - m0);
   }
   CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
     load_rows_of(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p, blk, step, q_buf(stage));
@@ -129,7 +131,7 @@ struct BwdMainloop {
     constexpr int kCols = decltype(size<1>(coord))::value;
 
     const int n0 = blk.n_block * kN;
-    const Mask mask{mask::causal_if(p.is_causal, p.len_q, p.len_k)};
+    const Mask mask{mask::causal_if(p.is_causal, blk.len_q, blk.len_k)};
 
     load_k_v(p, blk);
     BwdBlock::Step cur = blk.first();

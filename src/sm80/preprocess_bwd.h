@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
   const int row0 = blockIdx.x * Cfg::kBlockRows;
   const int64_t bh = int64_t(batch) * p.heads_q + head;
   const int64_t stat0 = bh * ws.len_q_pad + row0;
+  const int len_q = p.seqlen_q(batch);
 
   for (int split = 0; split < ws.splits; ++split) {
     float4* acc = reinterpret_cast<float4*>(ws.dq_accum + split * ws.split_elems + stat0 * kHeadDim);
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
        r += Cfg::kWarps * Cfg::kRowsPerWarp) {
     const int row = row0 + r;
     float sum = 0.f;
-    if (row < p.len_q && chunk < Cfg::kChunks) {
+    if (row < len_q && chunk < Cfg::kChunks) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + row * p.o_row_stride + chunk * 8);
       const uint4 dv = *reinterpret_cast<const uint4*>(dout + row * p.do_row_stride + chunk * 8);
       const Element* oe = reinterpret_cast<const Element*>(&ov);
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
 #pragma unroll
     for (int off = Cfg::kLanesPerRow / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     if (chunk == 0) {
-      const bool real = row < p.len_q;
+      const bool real = row < len_q;
       ws.dsum[stat0 + r] = real ? sum : 0.f;
       ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kLog2e : INFINITY;
     }

@@ -23,13 +23,14 @@ struct FwdEpilogue {
     typename Traits::TmaO tma_o;
     typename Traits::GmemShape shape_o;  // (L, E, Hq, B)
     float* lse;                          // (B, Hq, L), contiguous
-    int len_q;
+    int len_q;                           // L, lse's row count
     int heads_q;
   };
 
+  // rows: the batch's query length; lse is written for those rows alone.
   template <class AccO, class Lse>
   CUTE_DEVICE static void store(Params const& p, typename Traits::SharedStorage& shared, AccO const& acc_o,
-                                Lse const& lse, TileScheduler::Tile const& tile, int thread_idx) {
+                                Lse const& lse, TileScheduler::Tile const& tile, int rows, int thread_idx) {
     typename Traits::MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
     const int warpgroup = thread_idx / 128;
@@ -75,7 +76,7 @@ struct FwdEpilogue {
 #pragma unroll
       for (int r = 0; r < size<0>(coord); ++r) {
         const int row = m0 + get<0>(coord(r, 0));
-        if (row < p.len_q) lse_rows[row] = lse(r);
+        if (row < rows) lse_rows[row] = lse(r);
       }
     }
   }

@@ -9,6 +9,7 @@
 
 #include "common/mask.h"
 #include "common/softmax.h"
+#include "params.h"
 #include "sm90/epilogue_fwd.h"
 #include "sm90/mainloop_fwd.h"
 #include "sm90/tile_scheduler.h"
@@ -21,8 +22,15 @@ struct FwdKernelParams {
   typename FwdMainloop<Traits>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
-  typename FwdMainloop<Traits>::Mask mask;
+  SeqLens seqlens;   // with the longest lengths below, each batch's (params.h)
+  int len_q, len_k;  // the TMA tensors' lengths
+  bool is_causal;
   float scale;
+
+  CUTE_DEVICE int seqlen_q(int batch) const { return seqlens.q(batch, len_q); }
+  CUTE_DEVICE typename FwdMainloop<Traits>::Mask mask(int batch) const {
+    return {mask::causal_if(is_causal, seqlen_q(batch), seqlens.k(batch, len_k))};
+  }
 };
 
 template <class Traits>
@@ -63,7 +71,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0) Mainloop::load(p.mainloop, shared, pipeline_k, pipeline_v, p.scheduler, p.mask);
+    if (threadIdx.x == 0) Mainloop::load(p.mainloop, shared, pipeline_k, pipeline_v, p.scheduler, p);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
     const int thread_idx = threadIdx.x - 128;
@@ -80,12 +88,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
       const auto tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       OnlineSoftmax<2> softmax;
-      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask, tile.m_block, local_tile_count,
-                        thread_idx, acc_o, softmax);
+      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile.batch), tile.m_block,
+                        local_tile_count, thread_idx, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);
       // The softmax ran on negated scores when the scale is negative.
       auto lse = softmax.finalize_rows(o, fabsf(p.scale));
-      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, thread_idx);
+      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile.batch), thread_idx);
     }
     // The last O store reads shared memory until it completes.
     if (thread_idx % 128 == 0) tma_store_wait<0>();

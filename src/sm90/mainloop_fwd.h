@@ -55,9 +55,10 @@ struct FwdMainloop {
   };
 
   // Producer: runs on one thread of the producer warpgroup.
-  template <class Scheduler>
+  // masks: anything with mask(batch) -> Mask (the kernel's params).
+  template <class Scheduler, class Masks>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
-                               Pipeline& pipeline_v, Scheduler const& scheduler, Mask const& mask) {
+                               Pipeline& pipeline_v, Scheduler const& scheduler, Masks const& masks) {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
@@ -78,7 +79,7 @@ struct FwdMainloop {
       auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-      const int n_end = mask.n_blocks(tile.m_block).end;
+      const int n_end = masks.mask(tile.batch).n_blocks(tile.m_block).end;
       // The first K tile goes first: it waits for nothing, while Q waits
       // until the previous tile is done with Q's buffer.
       pipeline_k.producer_acquire(write);
