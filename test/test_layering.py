@@ -221,3 +221,17 @@ def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):
     torch_dir = os.path.dirname(torch.__file__)
     leaks = {f: c for f, c in kernels.items() if torch_dir in c}
     assert not leaks, f"kernel compile lines reach into torch: {next(iter(leaks.values()), '')[:500]}"
+
+
+def test_kernel_families_setting_is_read_by_the_router_alone():
+    """TFB_KERNEL_FAMILIES is a user setting the router reads; the ops run the family
+    they are given (their `family` argument), so no C++ code reads the environment for it."""
+    readers = []
+    for top in ("src", "csrc", "torch_flash_backend"):
+        for path, text in _files(top):
+            if "getenv" in text and "TFB_KERNEL_FAMILIES" in text:
+                readers.append(path)
+            if path.endswith(".py") and re.search(r"os\.environ(\.get\(|\[)\s*(FAMILIES_ENV|['\"]TFB_KERNEL_FAMILIES)",
+                                                  text):
+                readers.append(path)
+    assert readers == [os.path.join("torch_flash_backend", "_router.py")], readers
