@@ -41,7 +41,8 @@ namespace sm90 {
 bool has_fwd(DType dtype, int head_dim);
 
 // Whether these sizes and strides fit the TMA descriptors (16-byte aligned
-// pointers and strides, none 0); when false, sm80 serves the call.
+// pointers and strides, none 0) and the lengths are the same for every batch;
+// when false, sm80 serves the call.
 bool can_run_fwd(const AttnFwdParams& params);
 
 size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0

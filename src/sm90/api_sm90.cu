@@ -41,7 +41,9 @@ bool has_fwd(DType dtype, int head_dim) { return visit(dtype, head_dim, [](auto,
 size_t smem_bytes_fwd(DType, int) { return 0; }
 
 bool can_run_fwd(const AttnFwdParams& p) {
-  return aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
+  // Uniform lengths only (kernel_fwd.h's FwdKernelParams).
+  const bool per_batch_lengths = p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k;
+  return !per_batch_lengths && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
          strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q) &&
          strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k) &&
          strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k) &&

@@ -80,10 +80,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
                      _1{}),
        mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
-      a.seqlens,
       a.len_q,
-      a.len_k,
-      a.is_causal,
+      {mask::causal_if(a.is_causal, a.len_q, a.len_k)},
       a.scale};
 
   const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
