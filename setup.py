@@ -73,14 +73,23 @@ def _instantiations(family, head_dims):
 
 class _Progress:
     """Prints a line per compiled source while ninja runs (pip shows them with
-    -v): the build's ninja logs gain a line per finished object."""
+    -v): the build's ninja logs gain a line per finished object. ninja may
+    rewrite a log (it compacts old entries when a build starts), so lines are
+    told apart by content, not by offset."""
 
     def __init__(self, build_dirs, total):
         self.logs = [os.path.join(d, ".ninja_log") for d in build_dirs]
-        self.start = {log: os.path.getsize(log) if os.path.exists(log) else 0 for log in self.logs}
+        self.seen = {log: set(self._lines(log)) for log in self.logs}
         self.total, self.done = total, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _lines(log):
+        if not os.path.exists(log):
+            return []
+        with open(log) as f:
+            return f.read().splitlines()
 
     def __enter__(self):
         self.thread.start()
@@ -97,14 +106,11 @@ class _Progress:
 
     def _poll(self):
         for log in self.logs:
-            if not os.path.exists(log):
-                continue
-            with open(log) as f:
-                f.seek(self.start[log])
-                lines = f.readlines()
-                self.start[log] = f.tell()
-            for line in lines:
-                fields = line.rstrip("\n").split("\t")
+            for line in self._lines(log):
+                if line in self.seen[log]:
+                    continue
+                self.seen[log].add(line)
+                fields = line.split("\t")
                 if len(fields) < 4 or not fields[0].isdigit():
                     continue  # the header line
                 self.done += 1
