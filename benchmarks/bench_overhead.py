@@ -2,6 +2,7 @@
 
     python benchmarks/bench_overhead.py            # CUDA when present, else CPU rows only
     python benchmarks/bench_overhead.py --calls 2000 --rounds 15
+    python benchmarks/bench_overhead.py --profile    # also where enable()'s time goes (cProfile)
 
 Rows:
   op          an ordinary op (x + 1 on a small tensor): what every op of a model pays
@@ -83,7 +84,23 @@ def rows(device, calls, rounds):
             sdpa()
     a, b = compare(sdpa, enter_exit, calls, rounds, sync)
     out.append((device, "enter+exit around sdpa", a, b, "plain: the bare served call"))
-    return out
+    return out, {"sdpa served": under_enable(sdpa), "sdpa fallback": under_enable(decode),
+                 "enter+exit around sdpa": lambda: [enter_exit() for _ in range(calls)]}
+
+
+def profile(runs, top):
+    """cProfile of each enable() variant: the functions with the most time of their own."""
+    import cProfile
+    import io
+    import pstats
+
+    for name, run in runs.items():
+        run()  # warm
+        prof = cProfile.Profile()
+        prof.runcall(run)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+        print(f"\n### {name} under enable(), by own time\n```\n{text.getvalue().strip()}\n```")
 
 
 def main():
@@ -91,15 +108,19 @@ def main():
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed block")
     parser.add_argument("--rounds", type=int, default=11, help="timed blocks per variant (median)")
     parser.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    parser.add_argument("--profile", action="store_true", help="cProfile each enable() variant after the table")
     args = parser.parse_args()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     with torch.no_grad():
-        table = rows(device, args.calls, args.rounds)
+        table, runs = rows(device, args.calls, args.rounds)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}")
     print("| device | call | plain µs | enable() µs | extra µs | ratio | note |")
     print("|---|---|---|---|---|---|---|")
     for device, name, a, b, note in table:
         print(f"| {device} | {name} | {a:.1f} | {b:.1f} | {b - a:+.1f} | {b / a:.2f} | {note} |")
+    if args.profile:
+        with torch.no_grad():
+            profile(runs, 14)
 
 
 if __name__ == "__main__":

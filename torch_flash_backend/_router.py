@@ -181,8 +181,7 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
     else:
-        broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
-        decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, broadcast)
+        decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v))
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -191,6 +190,15 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
         if bad is not None:
             return _fallback(bad)
     return decision
+
+
+def _broadcast(q, k, v) -> bool:
+    """Whether an input has stride 0 along a dim of size > 1 (expand())."""
+    for t in (q, k, v):
+        shape, stride = t.shape, t.stride()
+        if (shape[0] > 1 and stride[0] == 0) or (shape[1] > 1 and stride[1] == 0) or (shape[2] > 1 and stride[2] == 0):
+            return True
+    return False
 
 
 def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None, str | None]:
@@ -202,9 +210,8 @@ def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None
         return None, None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    broadcast = any(t.shape[d] > 1 and t.stride(d) == 0 for t in (q, k, v) for d in range(3))
     decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 broadcast)
+                                 _broadcast(q, k, v))
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
@@ -217,7 +224,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
     the backward, fits the chip's shared memory."""
     try:
-        capability = probe.capability(device)
+        capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
         return _fallback(f"cannot query the compute capability of {device}: {err}")
     if capability[0] < 8:
@@ -225,10 +232,20 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     kernels = probe.kernels()
     if not kernels:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
-    allowed = allowed_families()
+    smem = probe.smem_per_block(device) if needs_grad else 0
+    args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
+            detail, broadcast)
+    # The choice is a function of these alone, so it is computed once per distinct
+    # call (it ran on every SDPA call before; a symbolic head dim is not cached).
+    return _choose_cached(*args) if isinstance(e, int) else _choose(*args)
+
+
+def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
+            detail: str, broadcast: bool) -> Decision:
+    allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
-        return _fallback(f"{FAMILIES_ENV}={os.environ.get(FAMILIES_ENV)!r} allows none of the kernel families for "
+        return _fallback(f"{FAMILIES_ENV}={env!r} allows none of the kernel families for "
                          f"compute capability {capability[0]}.{capability[1]} ({', '.join(_families(capability))})")
     only = "" if allowed is None else f" (families allowed by {FAMILIES_ENV}: {', '.join(families)})"
     suffix = f"_{dtype_name}_hdim{e}"
@@ -250,9 +267,12 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         bwd = by_name.get(f"{family}_bwd{suffix}")
         if bwd is None:
             continue
-        if probe.smem_per_block(device) < bwd.smem_bytes:
+        if smem < bwd.smem_bytes:
             why_not = (f"inputs require grad and the {family} backward needs {bwd.smem_bytes // 1024} KB of "
-                       f"shared memory a block; {device} offers {probe.smem_per_block(device) // 1024} KB")
+                       f"shared memory a block; {device} offers {smem // 1024} KB")
             continue
         return Decision(True, str(fwd), f"{detail}, backward by {bwd}", backward_kernel=str(bwd))
     return _fallback(why_not)
+
+
+_choose_cached = functools.lru_cache(maxsize=4096)(_choose)
