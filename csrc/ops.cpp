@@ -20,9 +20,9 @@ namespace {
 // One line per family of the registry (src/registry.py): its name and limits.
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
-#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, passes, head_dims)                \
+#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head_dims)      \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok \
-                  " align_bytes=" #align_bytes " passes=" passes " head_dims=" head_dims);
+                  " align_bytes=" #align_bytes " max_rows=" #max_rows " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;

@@ -6,6 +6,7 @@ SMs has the persistent sm90 CTAs run several tiles, reusing their buffers.
 Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
 backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
+The sm80 pass also runs the decode family's grid (split-KV, short queries).
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default]
 
@@ -66,6 +67,21 @@ def edges(e):
     torch.cuda.synchronize()
 
 
+def decode(head_dims):
+    """The decode family: one split and several, GQA-packed rows, causal, a cache
+    read past its use."""
+    if not any(n.startswith("decode_fwd") for n in tfb.built_kernels()):
+        return
+    torch.manual_seed(0)
+    for e in head_dims:
+        for (hq, length, s, causal) in ((8, 1, 1, False), (8, 1, 130, True), (8, 2, 3000, False), (2, 16, 700, True)):
+            q = torch.randn(2, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            k = torch.randn(2, 2, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
+            v = torch.randn(2, 2, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
+            ops.fwd(q, k, v, None, causal, "decode")
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -80,6 +96,8 @@ def main():
         with testing.kernel_families(*families):
             grid(head_dims)
             edges(head_dims[0])
+            if families == ("sm80",):
+                decode(head_dims)
         print(f"sanitize grid ran: head dims {head_dims}, families {', '.join(families) or 'default'}")
 
 

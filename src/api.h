@@ -50,4 +50,15 @@ size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace sm90
+
+namespace decode {
+
+// The split-KV forward for short queries: at most 16 query rows per kv head
+// (the group's heads times the query length), uniform lengths.
+bool has_fwd(DType dtype, int head_dim);
+bool can_run_fwd(const AttnFwdParams& params);
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // the splits' partial outputs
+cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
+
+}  // namespace decode
 }  // namespace tfb

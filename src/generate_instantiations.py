@@ -33,10 +33,10 @@ def kernel_list_h() -> str:
              "// X(family, pass) for every pass of every family, in the router's order of preference.",
              "#define TFB_KERNEL_PASSES(X) " + " ".join(f"X({f.name}, {p})" for f in registry.FAMILIES for p in f.passes),
              "",
-             "// X(family, min_cc, max_cc, stride0_ok, align_bytes, passes, head dims); cc as major * 10 + minor,",
-             "// max_cc 0: no upper bound.",
+             "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head dims); cc as",
+             "// major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit.",
              "#define TFB_KERNEL_FAMILIES(X) " + " ".join(
-                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, '
+                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, '
                  f'"{",".join(f.passes)}", "{",".join(map(str, f.head_dims))}")'
                  for f in registry.FAMILIES),
              ""]

@@ -1,6 +1,7 @@
 """A Hugging Face model built from a config (no downloads), attn_implementation="sdpa",
 run unchanged with and without enable(): prefill and training are routed, generate
-steps (one query token) fall back, and the results agree."""
+steps (one query token) run the decode family on CUDA and fall back on CPU, and the
+results agree."""
 import pytest
 import torch
 
@@ -55,8 +56,9 @@ def check_model(model, ids, tol):
         assert worst < tol, f"gradient relative error {worst:.2e}"
 
 
-def check_generate(model, ids, exact):
-    """Prefill is routed; each generate step is one query token and falls back.
+def check_generate(model, ids, exact, steps_served):
+    """Prefill is routed; each generate step is one query token, served by the
+    decode family (steps_served) or falling back.
 
     exact: greedy tokens must match PyTorch's; in bf16 two different (both
     correct) kernels may flip a near-tie of the argmax, so only the shape is checked."""
@@ -65,8 +67,13 @@ def check_generate(model, ids, exact):
     with tfb.enable():
         out = model.generate(ids, max_new_tokens=4, do_sample=False)
     stats = tfb.stats()
-    assert sum(stats["routed"].values()) == model.config.num_hidden_layers, stats
-    assert any("short query" in reason for reason in stats["fallback"]), stats
+    layers = model.config.num_hidden_layers
+    if steps_served:  # the prefill and three one-token steps
+        assert sum(stats["routed"].values()) == 4 * layers and not stats["fallback"], stats
+        assert any(k.startswith("decode_fwd") for k in stats["routed"]), stats
+    else:
+        assert sum(stats["routed"].values()) == layers, stats
+        assert any("short query" in reason for reason in stats["fallback"]), stats
     assert out.shape == ref.shape and torch.equal(out[:, : ids.shape[1]], ids)
     if exact:
         assert torch.equal(out, ref)
@@ -77,7 +84,7 @@ def test_llama_cpu_routed():
     ids = torch.randint(0, 256, (2, 40))
     with testing.route_cpu():
         check_model(model, ids, tol=1e-5)
-        check_generate(model, ids, exact=True)
+        check_generate(model, ids, exact=True, steps_served=False)
 
 
 @pytest.mark.gpu
@@ -85,4 +92,5 @@ def test_llama_cuda_routed():
     model = tiny_llama(hidden=1024, heads=8, kv_heads=2).to("cuda", torch.bfloat16)
     ids = torch.randint(0, 256, (2, 300), device="cuda")
     check_model(model, ids, tol=2e-2)
-    check_generate(model, ids, exact=False)
+    check_generate(model, ids, exact=False,
+                   steps_served=any(k.startswith("decode_fwd_bf16") for k in tfb.built_kernels()))

@@ -167,6 +167,27 @@ def test_short_query(fake):
     assert reason(*qkv(length=1, s=1000)) == _router.DECODE_REASON
 
 
+DECODE = testing.registry_kernel_names("decode")
+
+
+def test_short_query_served_by_decode(fake):
+    """Below MIN_QUERY_LEN the decode family serves, up to 16 rows per kv head
+    (group heads x query length); the tiled forwards never do, and the backward
+    is sm80's."""
+    with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
+        assert tfb.explain(*qkv(length=1, s=1000)).kernel == "decode_fwd_bf16_hdim64"
+        assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300)).kernel == "decode_fwd_bf16_hdim64"
+        d = tfb.explain(*qkv(length=16, requires_grad=True))
+        assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+        assert d.family == "decode" and d.backward_family == "sm80"
+        assert reason(*qkv(hq=16, hkv=2, length=4)) == (
+            "short query with 32 query rows per KV head (group heads x query length); the decode kernel serves "
+            "at most 16 and PyTorch's SDPA serves it faster than the tiled forwards")
+        assert tfb.explain(*qkv(length=17)).kernel == "sm90_fwd_bf16_hdim64"
+        with testing.kernel_families("sm80", "sm90"):
+            assert reason(*qkv(length=1)) == _router.DECODE_REASON
+
+
 def test_backward_not_built(fake):
     with testing.pretend_cuda(kernels=["sm80_fwd_bf16_hdim64"]):
         assert tfb.explain(*qkv()).served

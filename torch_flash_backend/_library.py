@@ -31,7 +31,9 @@ class Kernel(str):
     """A compiled kernel instantiation: its name ("sm80_fwd_bf16_hdim128", what it
     compares equal to) with the registry's fields (src/registry.py): family,
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
-    max_cc 0: no upper bound), stride0_ok, align_bytes, smem_bytes."""
+    max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows a kv
+    head's CTA serves at most, the group's heads times the query length; 0: no
+    limit), smem_bytes."""
 
     family: str
     pass_: str
@@ -41,6 +43,7 @@ class Kernel(str):
     max_cc: int
     stride0_ok: bool
     align_bytes: int
+    max_rows: int
     smem_bytes: int
 
     @classmethod
@@ -51,6 +54,7 @@ class Kernel(str):
         kernel.family, kernel.pass_, kernel.dtype = values["family"], values["pass"], values["dtype"]
         for key in ("head_dim", "min_cc", "max_cc", "align_bytes", "smem_bytes"):
             setattr(kernel, key, int(values[key]))
+        kernel.max_rows = int(values.get("max_rows", 0))
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
         return kernel
 

@@ -18,9 +18,9 @@ import torch
 from ._checks import check_sdpa_args, misaligned
 from ._library import built_kernel_set, family_limits
 
-# Below this query length a split-KV decode kernel is the right tool; without
-# one PyTorch's SDPA (its own split-KV paths included) is faster than a tiled
-# forward that leaves most of the GPU idle.
+# Below this query length the split-KV decode family serves (on CUDA) where it
+# can; the tiled forwards would leave most of the GPU idle, and PyTorch's SDPA
+# (its own split-KV paths included) is faster than them.
 MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
@@ -170,7 +170,7 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
             return _fallback(f"q has {hq} heads but k/v have {hkv} and enable_gqa=False")
     if b == 0 or hq == 0 or length == 0 or s == 0 or e == 0:
         return _fallback(f"zero-size input (q {tuple(q.shape)}, k {tuple(k.shape)}); PyTorch's SDPA handles it")
-    if length < MIN_QUERY_LEN:
+    if length < MIN_QUERY_LEN and on_cpu:
         return _fallback(DECODE_REASON)
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -181,7 +181,8 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
     else:
-        decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v))
+        decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
+                                     hq // hkv)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -211,18 +212,20 @@ def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 _broadcast(q, k, v))
+                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1))
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
-                      broadcast: bool) -> Decision:
+                      broadcast: bool, length: int, group: int) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
-    the backward, fits the chip's shared memory."""
+    the backward, fits the chip's shared memory. A query shorter than
+    MIN_QUERY_LEN goes to a decode family (a record with max_rows) that serves
+    its rows per kv head (group x length), and to no other."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -234,14 +237,14 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast)
+            detail, broadcast, length, group)
     # The choice is a function of these alone, so it is computed once per distinct
-    # call (it ran on every SDPA call before; a symbolic head dim is not cached).
-    return _choose_cached(*args) if isinstance(e, int) else _choose(*args)
+    # call (it ran on every SDPA call before; symbolic sizes are not cached).
+    return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
-            detail: str, broadcast: bool) -> Decision:
+            detail: str, broadcast: bool, length: int, group: int) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -251,6 +254,18 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     suffix = f"_{dtype_name}_hdim{e}"
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
+    if length < MIN_QUERY_LEN:
+        rows = group * length
+        decoders = [k for k in fwd_kernels if k.max_rows]
+        fwd_kernels = [k for k in decoders if rows <= k.max_rows]
+        if not fwd_kernels:
+            if not decoders:
+                return _fallback(DECODE_REASON)
+            return _fallback(f"short query with {rows} query rows per KV head (group heads x query length); the "
+                             f"{decoders[0].family} kernel serves at most {decoders[0].max_rows} and PyTorch's SDPA "
+                             f"serves it faster than the tiled forwards")
+    else:
+        fwd_kernels = [k for k in fwd_kernels if not k.max_rows]
     fwd = next((k for k in fwd_kernels if k.stride0_ok or not broadcast), None)
     if fwd is None:
         if fwd_kernels:

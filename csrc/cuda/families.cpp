@@ -15,12 +15,13 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 struct Limits {
   std::string_view family;
   int min_cc, max_cc;
-  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16"
+  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0"
 };
 constexpr Limits kLimits[] = {
-#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, passes, head_dims)                 \
+#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head_dims)       \
   {#family, min_cc, max_cc,                                                                             \
-   "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes},
+   "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
+   " max_rows=" #max_rows},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };

@@ -1,0 +1,35 @@
+// The decode family's entry points: the split-KV forward for short queries.
+#include "api.h"
+#include "decode/launch.h"
+#include "dispatch.h"
+#include "kernel_info.h"
+#include "kernel_list.h"
+
+namespace tfb {
+namespace decode {
+
+namespace {
+template <typename Fn>
+bool visit_fwd(DType dtype, int head_dim, Fn&& fn) {
+  return visit_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, head_dim, fn);
+}
+}  // namespace
+
+bool has_fwd(DType dtype, int head_dim) { return visit_fwd(dtype, head_dim, [](auto, auto) {}); }
+bool can_run_fwd(const AttnFwdParams& params) { return fits(params); }
+size_t fwd_workspace_bytes(const AttnFwdParams& params) { return workspace_bytes(params); }
+// Static shared memory of the larger row cap: Q, the scores, three row statistics.
+size_t smem_bytes_fwd(DType, int head_dim) {
+  return sizeof(float) * (size_t(kMaxRows) * head_dim + size_t(kMaxRows) * kTileKeys + 3 * kMaxRows);
+}
+
+cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
+  cudaError_t err = cudaErrorNotSupported;
+  visit_fwd(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    err = launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  });
+  return err;
+}
+
+}  // namespace decode
+}  // namespace tfb

@@ -1,0 +1,26 @@
+// The decode family's shape constants and the small structs its host and
+// device code share.
+#pragma once
+
+namespace tfb::decode {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileKeys = 128;    // keys a CTA scores per step
+constexpr int kLanesPerKey = 4;   // lanes that share one key's dot products
+constexpr int kMaxRows = 16;      // the most rows a CTA serves
+
+// The query rows of one kv head: row r is query position r / group of q head
+// head_kv * group + r % group.
+struct Rows {
+  int count, group;
+  __host__ __device__ int position(int r) const { return r / group; }
+  __host__ __device__ int head_q(int head_kv, int r) const { return head_kv * group + r % group; }
+};
+
+// Split s of the keys [0, keys): [s * chunk, min((s + 1) * chunk, keys)).
+struct Splits {
+  int count, chunk;
+};
+
+}  // namespace tfb::decode

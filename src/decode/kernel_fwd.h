@@ -1,0 +1,275 @@
+// The decode forward: split-KV attention for short queries (FlashDecoding).
+//
+// A CTA per (key split, kv head, batch) serves every query row that reads its
+// kv head: the group's query heads times the query positions ("rows", at most
+// kRows), so each K and V row is read from memory once for all of them.
+// Scores and weights are fp32 on CUDA cores: with a handful of rows a key
+// costs a few dozen warp instructions, less than the memory system takes to
+// deliver its 4E bytes. A CTA walks its split in tiles of kTileKeys keys:
+//   1. scores: four lanes per key, each a quarter of the 16-byte chunks of K;
+//   2. online softmax per row over the tile (one warp per row);
+//   3. P V: each warp a quarter of the tile's keys, each lane E / 32 columns.
+// The warps' partial outputs are summed in shared memory at the end, in a
+// fixed order. One split
+// writes the output and lse; several write partials that combine_kernel merges.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/mask.h"
+#include "decode/config.h"
+#include "params.h"
+
+namespace tfb::decode {
+
+constexpr float kLn2 = 0.69314718055994531f;
+
+// Elements -> float, n of them from 2-byte-aligned memory, as wide as the
+// alignment of n * 2 bytes allows (the caller's offsets are multiples of it).
+template <int kN, class Element>
+__device__ __forceinline__ void load_floats(const Element* src, float* dst) {
+  if constexpr (kN % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
+      const Element* e = reinterpret_cast<const Element*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[i + j] = float(e[j]);
+    }
+  } else if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(src + i);
+      const Element* e = reinterpret_cast<const Element*>(&raw);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[i + j] = float(e[j]);
+    }
+  } else if constexpr (kN % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kN; i += 2) {
+      const uint32_t raw = *reinterpret_cast<const uint32_t*>(src + i);
+      const Element* e = reinterpret_cast<const Element*>(&raw);
+      dst[i] = float(e[0]);
+      dst[i + 1] = float(e[1]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) dst[i] = float(src[i]);
+  }
+}
+
+template <int kE, int kRows>
+struct SharedStorage {
+  float q[kRows][kE];            // scaled to log2 units; reused to sum the warps' outputs
+  float s[kRows][kTileKeys];     // scores, then the tile's weights
+  float m[kRows], l[kRows], correction[kRows];
+};
+
+template <class Element, int kE, int kRows>
+__global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const AttnFwdParams p, const Rows rows,
+                                                         const Splits splits) {
+  static_assert(kE % 32 == 0 && kE <= 256, "head dims are multiples of 32, at most 256");
+  constexpr int kChunks = kE / 8 / kLanesPerKey;  // 16-byte chunks of a K row per lane
+  constexpr int kCols = kE / 32;                  // output columns per lane
+  __shared__ __align__(16) SharedStorage<kE, kRows> shared;
+
+  const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
+  const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
+  const int key_begin = split * splits.chunk;
+  const int key_end = min(key_begin + splits.chunk, mask.key_end(len_q - 1));
+
+  // Q, scaled so that the scores come out in log2 units.
+  for (int i = tid; i < rows.count * kE; i += kThreads) {
+    const int r = i / kE, c = i % kE;
+    const Element* q = static_cast<const Element*>(p.q) + int64_t(batch) * p.q_batch_stride +
+                       int64_t(rows.head_q(head_kv, r)) * p.q_head_stride +
+                       int64_t(rows.position(r)) * p.q_row_stride;
+    shared.q[r][c] = float(q[c]) * p.scale_log2;
+  }
+  if (tid < kRows) {
+    shared.m[tid] = -INFINITY;
+    shared.l[tid] = 0.f;
+  }
+  float acc[kRows][kCols];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+  }
+  const Element* k_head = static_cast<const Element*>(p.k) + int64_t(batch) * p.k_batch_stride +
+                          int64_t(head_kv) * p.k_head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v) + int64_t(batch) * p.v_batch_stride +
+                          int64_t(head_kv) * p.v_head_stride;
+  __syncthreads();
+
+  for (int tile = key_begin; tile < key_end; tile += kTileKeys) {
+    // 1. Scores: eight keys per warp a step, four lanes each.
+    const int sub = lane % kLanesPerKey;
+#pragma unroll
+    for (int step = 0; step < kTileKeys / (kWarps * 32 / kLanesPerKey); ++step) {
+      const int local = step * (kWarps * 32 / kLanesPerKey) + warp * (32 / kLanesPerKey) + lane / kLanesPerKey;
+      const int key = tile + local;
+      const bool live = key < key_end;
+      uint4 k_raw[kChunks];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        k_raw[j] = live ? *reinterpret_cast<const uint4*>(k_head + int64_t(key) * p.k_row_stride +
+                                                          (j * kLanesPerKey + sub) * 8)
+                        : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= rows.count) break;
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const Element* k8 = reinterpret_cast<const Element*>(&k_raw[j]);
+          const float* q8 = &shared.q[r][(j * kLanesPerKey + sub) * 8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot = fmaf(q8[i], float(k8[i]), dot);
+        }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        if (sub == 0) shared.s[r][local] = live && key < mask.key_end(rows.position(r)) ? dot : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    // 2. Online softmax, a warp per row: weights in place, the rescale of the rows' outputs.
+    for (int r = warp; r < rows.count; r += kWarps) {
+      float x[kTileKeys / 32];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kTileKeys / 32; ++i) {
+        x[i] = shared.s[r][lane + 32 * i];
+        tile_max = fmaxf(tile_max, x[i]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
+      const float m_old = shared.m[r];
+      const float m_new = fmaxf(m_old, tile_max);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet keeps weights 0
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kTileKeys / 32; ++i) {
+        const float w = exp2f(x[i] - ref);
+        shared.s[r][lane + 32 * i] = w;
+        sum += w;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      __syncwarp();
+      if (lane == 0) {
+        const float correction = exp2f(m_old - ref);
+        shared.correction[r] = correction;
+        shared.l[r] = shared.l[r] * correction + sum;
+        shared.m[r] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // 3. P V: this warp's quarter of the tile's keys, E / 32 columns a lane.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= rows.count) break;
+      const float correction = shared.correction[r];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[r][c] *= correction;
+    }
+    const int first = warp * (kTileKeys / kWarps);
+    const int last = min(first + kTileKeys / kWarps, key_end - tile);
+#pragma unroll 4
+    for (int local = first; local < last; ++local) {
+      float v[kCols];
+      load_floats<kCols>(v_head + int64_t(tile + local) * p.v_row_stride + lane * kCols, v);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= rows.count) break;
+        const float w = shared.s[r][local];
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(w, v[c], acc[r][c]);
+      }
+    }
+    __syncthreads();  // the next tile overwrites s
+  }
+
+  // The warps' sums, added in shared memory (Q's buffer, free now) in a fixed
+  // order, so that every run gives the same bits.
+  float(*sum)[kE] = shared.q;
+  for (int w = 0; w < kWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= rows.count) break;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+          float& total = sum[r][lane * kCols + c];
+          total = w == 0 ? acc[r][c] : total + acc[r][c];
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int i = tid; i < rows.count * kE; i += kThreads) {
+    const int r = i / kE, c = i % kE;
+    const float l = shared.l[r];
+    const float value = l > 0.f ? sum[r][c] / l : 0.f;
+    const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
+    if (splits.count == 1) {
+      Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
+                   int64_t(position) * p.o_row_stride;
+      o[c] = Element(value);
+    } else {
+      const int64_t row = (int64_t(split) * p.batch + batch) * p.heads_q * p.len_q + int64_t(head_q) * p.len_q + position;
+      p.split_kv.o_partial[row * kE + c] = value;
+    }
+  }
+  if (tid < rows.count) {
+    const int r = tid;
+    const float l = shared.l[r];
+    const float lse = l > 0.f ? (shared.m[r] + log2f(l)) * kLn2 : -INFINITY;
+    const int64_t row = (int64_t(batch) * p.heads_q + rows.head_q(head_kv, r)) * p.len_q + rows.position(r);
+    if (splits.count == 1) {
+      p.lse[row] = lse;
+    } else {
+      p.split_kv.lse_partial[int64_t(split) * p.batch * p.heads_q * p.len_q + row] = lse;
+    }
+  }
+}
+
+// Merges the splits' partials: a warp per (batch, q head, query position) row.
+template <class Element, int kE>
+__global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ const AttnFwdParams p, const int splits) {
+  constexpr int kCols = kE / 32;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float lse_max = -INFINITY;
+  for (int s = 0; s < splits; ++s) lse_max = fmaxf(lse_max, p.split_kv.lse_partial[s * rows + row]);
+  const float ref = lse_max == -INFINITY ? 0.f : lse_max;
+  float total = 0.f, out[kCols] = {};
+  for (int s = 0; s < splits; ++s) {
+    const float w = expf(p.split_kv.lse_partial[s * rows + row] - ref);
+    total += w;
+    const float* o = p.split_kv.o_partial + (s * rows + row) * kE + lane * kCols;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) out[c] = fmaf(w, o[c], out[c]);
+  }
+  const int position = int(row % p.len_q);
+  const int head_q = int((row / p.len_q) % p.heads_q);
+  const int batch = int(row / (int64_t(p.len_q) * p.heads_q));
+  Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
+               int64_t(position) * p.o_row_stride + lane * kCols;
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) o[c] = Element(total > 0.f ? out[c] / total : 0.f);
+  if (lane == 0) p.lse[row] = total > 0.f ? ref + logf(total) : -INFINITY;
+}
+
+}  // namespace tfb::decode

@@ -1,0 +1,49 @@
+// The decode family's host side that needs no kernel code: whether it can
+// serve a call, its split count and workspace, and the launcher's declaration
+// (its body is in launch_fwd.h, instantiated per (dtype, head dim) in
+// instantiations/*.cu).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "common/mask.h"
+#include "decode/config.h"
+#include "params.h"
+
+namespace tfb::decode {
+
+// Rows a CTA serves: the group's query heads times the query positions.
+inline int rows_per_kv_head(const AttnFwdParams& p) { return p.heads_q / p.heads_kv * p.len_q; }
+
+inline bool fits(const AttnFwdParams& p) {
+  return p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_k >= 1 && p.batch >= 1 &&
+         rows_per_kv_head(p) <= kMaxRows && p.heads_kv <= 65535 && p.batch <= 65535 && !p.seqlens.cu_q &&
+         !p.seqlens.cu_k && !p.seqlens.used_k;
+}
+
+// Enough CTAs for a few per SM, each with at least a tile of keys.
+inline Splits splits_for(const AttnFwdParams& p) {
+  const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv;
+  const int64_t wanted = (4 * int64_t(std::max(p.num_sms, 1)) + ctas - 1) / ctas;
+  const int most = (keys + kTileKeys - 1) / kTileKeys;
+  const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, 128)));
+  const int chunk = (keys + count - 1) / count;
+  return {(keys + chunk - 1) / chunk, chunk};
+}
+
+inline size_t workspace_bytes(const AttnFwdParams& p) {
+  if (!fits(p)) return 0;
+  const Splits s = splits_for(p);
+  if (s.count == 1) return 0;
+  return size_t(s.count) * p.batch * p.heads_q * p.len_q * (p.head_dim + 1) * sizeof(float);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);
+
+}  // namespace tfb::decode

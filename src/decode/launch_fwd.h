@@ -1,0 +1,38 @@
+// Host side of the decode forward: the split count, the launch of the split
+// kernel (row cap 4 or kMaxRows) and, with several splits, of the combine.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cutlass/numeric_types.h>
+
+#include "decode/kernel_fwd.h"
+#include "decode/launch.h"
+
+namespace tfb::decode {
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
+  if (params.head_dim != kHeadDim || !fits(params)) return cudaErrorInvalidValue;
+  AttnFwdParams p = params;
+  const Splits splits = splits_for(p);
+  if (splits.count > 1) {
+    if (p.workspace == nullptr) return cudaErrorInvalidValue;
+    const size_t rows = size_t(splits.count) * p.batch * p.heads_q * p.len_q;
+    p.split_kv = {splits.count, static_cast<float*>(p.workspace), static_cast<float*>(p.workspace) + rows * kHeadDim};
+  }
+  const Rows rows{rows_per_kv_head(p), p.heads_q / p.heads_kv};
+  const dim3 grid(splits.count, p.heads_kv, p.batch);
+  if (rows.count <= 4) {
+    split_kernel<Element, kHeadDim, 4><<<grid, kThreads, 0, stream>>>(p, rows, splits);
+  } else {
+    split_kernel<Element, kHeadDim, kMaxRows><<<grid, kThreads, 0, stream>>>(p, rows, splits);
+  }
+  if (splits.count > 1) {
+    const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;
+    combine_kernel<Element, kHeadDim><<<unsigned((all_rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+        p, splits.count);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tfb::decode

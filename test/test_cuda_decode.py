@@ -1,0 +1,175 @@
+"""The decode family (split-KV forward for short queries) against the float64 reference.
+
+Short queries (L <= 16) against caches of any length, GQA ratios, causal (top-left,
+as SDPA), the cache layouts Hugging Face passes ((B, Hkv, S, E) contiguous) and
+the transposed one, odd lengths, one split and many. The output's error must stay
+within 2x PyTorch's own SDPA's in the same dtype (plus a 1e-5 floor); lse within
+a fixed tolerance. Outputs land in memory filled with NaN just before (the
+caching allocator hands the freed block back), so an element the kernels do not
+write fails the check.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
+
+from reference import assert_within_baseline, attention_ref, max_err
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.torch_flash_backend
+LSE_TOL = 1e-3
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def require(dtype, e):
+    name = f"decode_fwd_{'fp16' if dtype == torch.float16 else 'bf16'}_hdim{e}"
+    if name not in tfb.built_kernels():
+        pytest.skip(f"{name} not built")
+
+
+def make_q(b, hq, length, e, dtype):
+    """(B, L, Hq, E).transpose(1, 2), as a model's projection gives it."""
+    return torch.randn(b, length, hq, e, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def make_kv(b, hkv, s, e, dtype, layout):
+    if layout == "cache":  # (B, Hkv, S, E) contiguous, Hugging Face's cache
+        return torch.randn(b, hkv, s, e, device="cuda", dtype=dtype)
+    if layout == "blhe":  # (B, S, Hkv, E).transpose(1, 2)
+        return torch.randn(b, s, hkv, e, device="cuda", dtype=dtype).transpose(1, 2)
+    # a cache preallocated longer than its use, read up to s
+    return torch.randn(b, hkv, s + 40, e, device="cuda", dtype=dtype)[:, :, :s]
+
+
+def poisoned_fwd(q, k, v, scale=None, causal=False):
+    b, hq, length, e = q.shape
+    torch.empty(b * hq * length * e * 2 + 4096, device="cuda", dtype=q.dtype).fill_(float("nan"))
+    return ops.fwd(q, k, v, scale, causal, "decode")
+
+
+def check(b, hq, hkv, length, s, e, dtype, causal, layout, scale=None):
+    q = make_q(b, hq, length, e, dtype)
+    k, v = make_kv(b, hkv, s, e, dtype, layout), make_kv(b, hkv, s, e, dtype, layout)
+    out, lse = poisoned_fwd(q, k, v, scale, causal)
+    torch.cuda.synchronize()
+    name = f"b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} causal={causal} {layout}"
+    ref_out, ref_lse = attention_ref(q, k, v, scale, causal)
+    baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.dtype == torch.float32
+    assert_within_baseline(name, out, baseline, ref_out)
+    assert max_err(lse, ref_lse) <= LSE_TOL, f"{name}: lse error {max_err(lse, ref_lse):.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("e", (32, 64, 96, 128, 192, 256))
+@pytest.mark.parametrize("group,length", [(1, 1), (4, 1), (8, 1), (16, 1), (4, 4), (1, 16), (2, 3)])
+def test_shapes(dtype, e, group, length):
+    require(dtype, e)
+    torch.manual_seed(e + 7 * group + length)
+    for s, causal, layout in ((1, False, "cache"), (7, True, "blhe"), (129, False, "padded"), (1000, False, "cache"),
+                              (1000, True, "cache"), (4097, False, "blhe")):
+        check(2, 2 * group, 2, length, s, e, dtype, causal, layout)
+
+
+@pytest.mark.parametrize("s", [1, 17, 127, 128, 129, 255, 16384, 100_000])
+def test_cache_lengths(s):
+    """One split and many, tiles cut at every edge, a 100K cache."""
+    require(torch.bfloat16, 128)
+    torch.manual_seed(s)
+    check(3, 32, 8, 1, s, 128, torch.bfloat16, False, "cache")
+    check(1, 8, 8, 2, s, 128, torch.bfloat16, False, "blhe", scale=0.3)
+
+
+def test_batches_and_heads():
+    """Batch 64 (the grid's z) and one kv head with 16 query heads."""
+    require(torch.float16, 64)
+    torch.manual_seed(1)
+    check(64, 32, 8, 1, 300, 64, torch.float16, False, "cache")
+    check(1, 16, 1, 1, 5000, 64, torch.float16, False, "cache")
+
+
+def test_extreme_values():
+    """Scores near the float range's edge stay finite where the reference is."""
+    require(torch.bfloat16, 64)
+    torch.manual_seed(2)
+    q = make_q(1, 4, 1, 64, torch.bfloat16) * 30
+    k = make_kv(1, 4, 2000, 64, torch.bfloat16, "cache") * 30
+    v = make_kv(1, 4, 2000, 64, torch.bfloat16, "cache")
+    out, lse = poisoned_fwd(q, k, v)
+    ref_out, ref_lse = attention_ref(q, k, v)
+    baseline = F.scaled_dot_product_attention(q, k, v)
+    assert_within_baseline("large scores", out, baseline, ref_out)
+    assert torch.isfinite(lse).all() and max_err(lse, ref_lse) <= 0.05
+
+
+def test_nan_input_gives_nan_rows_like_pytorch():
+    require(torch.bfloat16, 64)
+    q = make_q(1, 4, 1, 64, torch.bfloat16)
+    k, v = (make_kv(1, 4, 300, 64, torch.bfloat16, "cache") for _ in range(2))
+    k[0, 1, 17, 3] = float("nan")
+    out, _ = poisoned_fwd(q, k, v)
+    base = F.scaled_dot_product_attention(q, k, v)
+    assert torch.equal(out.isnan().flatten(1).any(1), base.isnan().flatten(1).any(1))
+
+
+def test_deterministic():
+    require(torch.bfloat16, 128)
+    torch.manual_seed(3)
+    q = make_q(4, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(4, 8, 20000, 128, torch.bfloat16, "cache") for _ in range(2))
+    first = ops.fwd(q, k, v, None, False, "decode")
+    second = ops.fwd(q, k, v, None, False, "decode")
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_enable_serves_decode_steps():
+    """Under enable() a one-token step runs the decode family, with the backward by sm80."""
+    require(torch.bfloat16, 128)
+    q = make_q(2, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(2, 8, 1024, 128, torch.bfloat16, "cache") for _ in range(2))
+    decision = tfb.explain(q, k, v, enable_gqa=True)
+    assert decision.kernel == "decode_fwd_bf16_hdim128", str(decision)
+
+    def step():
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert testing.launched_families(step) == {"decode"}
+    qg = q.detach().requires_grad_()
+    d = tfb.explain(qg, k, v, enable_gqa=True)
+    assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(d)
+    with tfb.enable(strict=True):
+        out = F.scaled_dot_product_attention(qg, k, v, enable_gqa=True)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), qg)
+    q64 = q.detach().double().requires_grad_()
+    ref, _ = attention_ref(q64, k, v)
+    (ref_grad,) = torch.autograd.grad(ref.square().sum(), q64)
+    assert max_err(grad, ref_grad) <= 0.05 * ref_grad.abs().max().item()
+
+
+def test_cuda_graph_replay_equals_eager():
+    """A decode step captured in a CUDA graph (as generation loops are) replays like eager."""
+    require(torch.bfloat16, 128)
+    torch.manual_seed(5)
+    q = make_q(8, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(8, 8, 4096, 128, torch.bfloat16, "cache") for _ in range(2))
+
+    def step():
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    eager = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    q.copy_(make_q(8, 32, 1, 128, torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, step())
+    assert not torch.equal(captured, eager)
