@@ -176,16 +176,21 @@ def test_short_query_served_by_decode(fake):
     is sm80's."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
         assert tfb.explain(*qkv(length=1, s=1000)).kernel == "decode_fwd_bf16_hdim64"
-        assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300)).kernel == "decode_fwd_bf16_hdim64"
+        assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
         d = tfb.explain(*qkv(length=16, requires_grad=True))
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         assert d.family == "decode" and d.backward_family == "sm80"
-        assert reason(*qkv(hq=16, hkv=2, length=4)) == (
+        assert reason(*qkv(hq=16, hkv=2, length=4), enable_gqa=True) == (
             "short query with 32 query rows per KV head (group heads x query length); the decode kernel serves "
             "at most 16 and PyTorch's SDPA serves it faster than the tiled forwards")
         assert tfb.explain(*qkv(length=17)).kernel == "sm90_fwd_bf16_hdim64"
         with testing.kernel_families("sm80", "sm90"):
             assert reason(*qkv(length=1)) == _router.DECODE_REASON
+            # flash_attn with pinned families: whatever family can run it.
+            assert _router.pinned_families(*qkv(length=1)) == ("sm90", None)
+        with testing.kernel_families("decode", "sm80"):
+            assert _router.pinned_families(*qkv(length=1)) == ("decode", None)
+            assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4)) == ("sm80", None)
 
 
 def test_backward_not_built(fake):
@@ -341,7 +346,8 @@ def test_kernel_records():
                               "max_cc=90 stride0_ok=false align_bytes=16 smem_bytes=0")
     assert k == "sm90_fwd_bf16_hdim128" and (k.family, k.pass_, k.dtype, k.head_dim) == ("sm90", "fwd", "bf16", 128)
     assert k.runs_on((9, 0)) and not k.runs_on((10, 0)) and not k.runs_on((8, 6)) and not k.stride0_ok
-    assert _router.families() == ("sm90", "sm80")
-    assert _router._families((9, 0)) == ("sm90", "sm80") and _router._families((12, 0)) == ("sm80",)
+    assert _router.families() == ("decode", "sm90", "sm80")
+    assert _router._families((9, 0)) == ("decode", "sm90", "sm80")
+    assert _router._families((12, 0)) == ("decode", "sm80")
     bwd = next(iter(testing.fake_kernels(["sm80_bwd_fp16_hdim96"], smem_bytes={"bwd": 128 * 1024})))
     assert bwd.stride0_ok and bwd.min_cc == 80 and bwd.max_cc == 0 and bwd.smem_bytes == 128 * 1024

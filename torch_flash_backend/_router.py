@@ -212,20 +212,23 @@ def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1))
+                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False)
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
-                      broadcast: bool, length: int, group: int) -> Decision:
+                      broadcast: bool, length: int, group: int, routing: bool = True) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
-    the backward, fits the chip's shared memory. A query shorter than
-    MIN_QUERY_LEN goes to a decode family (a record with max_rows) that serves
-    its rows per kv head (group x length), and to no other."""
+    the backward, fits the chip's shared memory. A decode family (a record
+    with max_rows) serves a query of at most that many rows per kv head (group
+    x length). routing: the choice for enable(), where a query shorter than
+    MIN_QUERY_LEN goes to a decode family or to PyTorch (faster there than the
+    tiled forwards), and a longer one never to a decode family; else any
+    family that can run the call (flash_attn with pinned families)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -237,14 +240,14 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group)
+            detail, broadcast, length, group, routing)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
-            detail: str, broadcast: bool, length: int, group: int) -> Decision:
+            detail: str, broadcast: bool, length: int, group: int, routing: bool) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -254,8 +257,10 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     suffix = f"_{dtype_name}_hdim{e}"
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
-    if length < MIN_QUERY_LEN:
-        rows = group * length
+    rows = group * length
+    if not routing:
+        fwd_kernels = [k for k in fwd_kernels if not k.max_rows or rows <= k.max_rows]
+    elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if not fwd_kernels:

@@ -1,0 +1,128 @@
+"""Decode attention (a few query tokens against a KV cache) beside PyTorch's SDPA backends.
+
+    python benchmarks/bench_decode.py                 # the grid below, markdown table
+    python benchmarks/bench_decode.py --batch 8 --lens 1024,65536 --queries 1
+
+bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
+the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask. Each
+backend's call is captured ten times in a CUDA graph and the graph replayed, so
+the times are the GPU's alone (a decode step's attention takes microseconds,
+less than the host needs to issue it; generation loops replay graphs too).
+Backends take turns, one replay each per round; medians.
+
+Columns: µs per call; TB/s of K and V read once (2·B·Hkv·S·E·2 bytes) for the
+decode kernel and for the fastest of PyTorch's; default's time over decode's.
+"decode" is our decode family's kernel (the op with family="decode"); "enable()"
+is F.scaled_dot_product_attention under enable(), whatever the router chose
+(the note says which); "default" is PyTorch's SDPA with no backend pinned;
+flash, cudnn and efficient are PyTorch's, pinned. A backend that refuses a
+shape shows "-".
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_flash_backend as tfb
+
+PINNED = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+          "efficient": SDPBackend.EFFICIENT_ATTENTION}
+BACKENDS = ("decode", "enable()", "default", "flash", "cudnn", "efficient")
+CALLS_PER_GRAPH = 10
+
+
+def call_for(backend, q, k, v):
+    if backend == "decode":
+        return lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, False, "decode")[0]
+    if backend == "enable()":
+        def routed():
+            with tfb.enable():
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return routed
+    if backend == "default":
+        return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    def pinned():
+        with sdpa_kernel(PINNED[backend]):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    return pinned
+
+
+def graph_of(fn):
+    """fn captured CALLS_PER_GRAPH times; None when it refuses the shape."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(CALLS_PER_GRAPH):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+
+
+def time_graphs(graphs, rounds):
+    times = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", default="1,8,64")
+    parser.add_argument("--lens", default="1024,4096,16384,65536", help="cache lengths S")
+    parser.add_argument("--queries", default="1,4,16", help="query lengths L")
+    parser.add_argument("--head-dims", default="128")
+    parser.add_argument("--heads", default="32,8", help="Hq,Hkv")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--max-gb", type=float, default=8.0, help="skip shapes whose K+V exceed this")
+    args = parser.parse_args()
+    hq, hkv = map(int, args.heads.split(","))
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}")
+    print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in BACKENDS) + " | decode TB/s | best PyTorch TB/s | "
+          "default / decode | enable() runs |")
+    print("|" + "---|" * (len(BACKENDS) + 8))
+    for e in map(int, args.head_dims.split(",")):
+        for b in map(int, args.batch.split(",")):
+            for length in map(int, args.queries.split(",")):
+                for s in map(int, args.lens.split(",")):
+                    kv_bytes = 2 * b * hkv * s * e * 2
+                    if kv_bytes > args.max_gb * 1e9:
+                        continue
+                    torch.manual_seed(0)
+                    q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                    k = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
+                    v = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
+                    graphs = {name: graph_of(call_for(name, q, k, v)) for name in BACKENDS}
+                    us = time_graphs({n: g for n, g in graphs.items() if g is not None}, args.rounds)
+                    cells = [f"{us[n]:.1f}" if n in us else "-" for n in BACKENDS]
+                    tbs = lambda t: f"{kv_bytes / (t * 1e-6) / 1e12:.2f}"
+                    best = min((us[n] for n in ("default", "flash", "cudnn", "efficient") if n in us), default=None)
+                    decode = us.get("decode")
+                    cells.append(tbs(decode) if decode else "-")
+                    cells.append(tbs(best) if best else "-")
+                    cells.append(f"{us['default'] / decode:.2f}" if decode and "default" in us else "-")
+                    cells.append(str(tfb.explain(q, k, v, enable_gqa=True)))
+                    print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
+                    del graphs, q, k, v
+                    torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
