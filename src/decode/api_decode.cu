@@ -18,9 +18,9 @@ bool visit_fwd(DType dtype, int head_dim, Fn&& fn) {
 bool has_fwd(DType dtype, int head_dim) { return visit_fwd(dtype, head_dim, [](auto, auto) {}); }
 bool can_run_fwd(const AttnFwdParams& params) { return fits(params); }
 size_t fwd_workspace_bytes(const AttnFwdParams& params) { return workspace_bytes(params); }
-// Static shared memory of the larger row cap: Q, the scores, three row statistics.
+// Static shared memory of the larger row cap: Q, each warp's weights and row statistics.
 size_t smem_bytes_fwd(DType, int head_dim) {
-  return sizeof(float) * (size_t(kMaxRows) * head_dim + size_t(kMaxRows) * kTileKeys + 3 * kMaxRows);
+  return sizeof(float) * (size_t(kMaxRows) * head_dim + size_t(kWarps) * kMaxRows * 34);
 }
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {

@@ -6,7 +6,7 @@ namespace tfb::decode {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileKeys = 128;    // keys a CTA scores per step
+constexpr int kMinSplitKeys = 128;  // a split's keys at least: 32 per warp
 constexpr int kLanesPerKey = 4;   // lanes that share one key's dot products
 constexpr int kMaxRows = 16;      // the most rows a CTA serves
 

@@ -5,7 +5,7 @@
 // kRows), so each K and V row is read from memory once for all of them.
 // Scores and weights are fp32 on CUDA cores: with a handful of rows a key
 // costs a few dozen warp instructions, less than the memory system takes to
-// deliver its 4E bytes. A CTA walks its split in tiles of kTileKeys keys:
+// deliver its 4E bytes.
 //   1. scores: four lanes per key, each a quarter of the 16-byte chunks of K;
 //   2. online softmax per row over the tile (one warp per row);
 //   3. P V: each warp a quarter of the tile's keys, each lane E / 32 columns.
@@ -63,9 +63,9 @@ __device__ __forceinline__ void load_floats(const Element* src, float* dst) {
 
 template <int kE, int kRows>
 struct SharedStorage {
-  float q[kRows][kE];            // scaled to log2 units; reused to sum the warps' outputs
-  float s[kRows][kTileKeys];     // scores, then the tile's weights
-  float m[kRows], l[kRows], correction[kRows];
+  float q[kRows][kE];                // scaled to log2 units; reused to sum the warps' outputs
+  float s[kWarps][kRows][32];        // each warp's scores, then weights, of its current 32 keys
+  float m[kWarps][kRows], l[kWarps][kRows];
 };
 
 template <class Element, int kE, int kRows>
@@ -74,14 +74,20 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   static_assert(kE % 32 == 0 && kE <= 256, "head dims are multiples of 32, at most 256");
   constexpr int kChunks = kE / 8 / kLanesPerKey;  // 16-byte chunks of a K row per lane
   constexpr int kCols = kE / 32;                  // output columns per lane
+  constexpr int kKeysPerStep = 32 / kLanesPerKey;
   __shared__ __align__(16) SharedStorage<kE, kRows> shared;
 
   const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, sub = lane % kLanesPerKey;
   const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
   const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
-  const int key_begin = split * splits.chunk;
-  const int key_end = min(key_begin + splits.chunk, mask.key_end(len_q - 1));
+  const int split_begin = split * splits.chunk;
+  const int split_end = min(split_begin + splits.chunk, mask.key_end(len_q - 1));
+  // Each warp walks its own quarter of the split, with its own softmax state,
+  // so that no barrier stalls the loads; the quarters merge at the end.
+  const int quarter = (max(split_end - split_begin, 0) + kWarps - 1) / kWarps;
+  const int key_begin = split_begin + warp * quarter;
+  const int key_end = min(key_begin + quarter, split_end);
 
   // Q, scaled so that the scores come out in log2 units.
   for (int i = tid; i < rows.count * kE; i += kThreads) {
@@ -91,13 +97,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
                        int64_t(rows.position(r)) * p.q_row_stride;
     shared.q[r][c] = float(q[c]) * p.scale_log2;
   }
-  if (tid < kRows) {
-    shared.m[tid] = -INFINITY;
-    shared.l[tid] = 0.f;
-  }
   float acc[kRows][kCols];
+  float m[kRows], l[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
   }
@@ -105,15 +110,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
                           int64_t(head_kv) * p.k_head_stride;
   const Element* v_head = static_cast<const Element*>(p.v) + int64_t(batch) * p.v_batch_stride +
                           int64_t(head_kv) * p.v_head_stride;
+  float(*s)[32] = shared.s[warp];
   __syncthreads();
 
-  for (int tile = key_begin; tile < key_end; tile += kTileKeys) {
-    // 1. Scores: eight keys per warp a step, four lanes each.
-    const int sub = lane % kLanesPerKey;
+  for (int chunk = key_begin; chunk < key_end; chunk += 32) {
+    // 1. Scores of 32 keys: eight a step, four lanes each.
 #pragma unroll
-    for (int step = 0; step < kTileKeys / (kWarps * 32 / kLanesPerKey); ++step) {
-      const int local = step * (kWarps * 32 / kLanesPerKey) + warp * (32 / kLanesPerKey) + lane / kLanesPerKey;
-      const int key = tile + local;
+    for (int step = 0; step < 32 / kKeysPerStep; ++step) {
+      const int local = step * kKeysPerStep + lane / kLanesPerKey;
+      const int key = chunk + local;
       const bool live = key < key_end;
       uint4 k_raw[kChunks];
 #pragma unroll
@@ -129,87 +134,90 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
         for (int j = 0; j < kChunks; ++j) {
           const Element* k8 = reinterpret_cast<const Element*>(&k_raw[j]);
-          const float* q8 = &shared.q[r][(j * kLanesPerKey + sub) * 8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) dot = fmaf(q8[i], float(k8[i]), dot);
+          const float4* q4 = reinterpret_cast<const float4*>(&shared.q[r][(j * kLanesPerKey + sub) * 8]);
+          const float4 a = q4[0], b = q4[1];
+          dot = fmaf(a.x, float(k8[0]), dot);
+          dot = fmaf(a.y, float(k8[1]), dot);
+          dot = fmaf(a.z, float(k8[2]), dot);
+          dot = fmaf(a.w, float(k8[3]), dot);
+          dot = fmaf(b.x, float(k8[4]), dot);
+          dot = fmaf(b.y, float(k8[5]), dot);
+          dot = fmaf(b.z, float(k8[6]), dot);
+          dot = fmaf(b.w, float(k8[7]), dot);
         }
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);
         dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-        if (sub == 0) shared.s[r][local] = live && key < mask.key_end(rows.position(r)) ? dot : -INFINITY;
+        if (sub == 0) s[r][local] = live && key < mask.key_end(rows.position(r)) ? dot : -INFINITY;
       }
     }
-    __syncthreads();
+    __syncwarp();
 
-    // 2. Online softmax, a warp per row: weights in place, the rescale of the rows' outputs.
-    for (int r = warp; r < rows.count; r += kWarps) {
-      float x[kTileKeys / 32];
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kTileKeys / 32; ++i) {
-        x[i] = shared.s[r][lane + 32 * i];
-        tile_max = fmaxf(tile_max, x[i]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, o));
-      const float m_old = shared.m[r];
-      const float m_new = fmaxf(m_old, tile_max);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet keeps weights 0
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kTileKeys / 32; ++i) {
-        const float w = exp2f(x[i] - ref);
-        shared.s[r][lane + 32 * i] = w;
-        sum += w;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      __syncwarp();
-      if (lane == 0) {
-        const float correction = exp2f(m_old - ref);
-        shared.correction[r] = correction;
-        shared.l[r] = shared.l[r] * correction + sum;
-        shared.m[r] = m_new;
-      }
-    }
-    __syncthreads();
-
-    // 3. P V: this warp's quarter of the tile's keys, E / 32 columns a lane.
+    // 2. Online softmax over the 32 keys, a lane per key.
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (r >= rows.count) break;
-      const float correction = shared.correction[r];
+      const float x = s[r][lane];
+      float chunk_max = x;
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
+      const float m_new = fmaxf(m[r], chunk_max);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet keeps weights 0
+      const float w = exp2f(x - ref);
+      s[r][lane] = w;
+      float sum = w;
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      const float correction = exp2f(m[r] - ref);
+      l[r] = l[r] * correction + sum;
+      m[r] = m_new;
 #pragma unroll
       for (int c = 0; c < kCols; ++c) acc[r][c] *= correction;
     }
-    const int first = warp * (kTileKeys / kWarps);
-    const int last = min(first + kTileKeys / kWarps, key_end - tile);
+    __syncwarp();
+
+    // 3. P V: E / 32 columns a lane.
+    const int count = min(32, key_end - chunk);
 #pragma unroll 4
-    for (int local = first; local < last; ++local) {
+    for (int local = 0; local < count; ++local) {
       float v[kCols];
-      load_floats<kCols>(v_head + int64_t(tile + local) * p.v_row_stride + lane * kCols, v);
+      load_floats<kCols>(v_head + int64_t(chunk + local) * p.v_row_stride + lane * kCols, v);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (r >= rows.count) break;
-        const float w = shared.s[r][local];
+        const float w = s[r][local];
 #pragma unroll
         for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(w, v[c], acc[r][c]);
       }
     }
-    __syncthreads();  // the next tile overwrites s
+    __syncwarp();  // the next chunk overwrites s
   }
 
-  // The warps' sums, added in shared memory (Q's buffer, free now) in a fixed
-  // order, so that every run gives the same bits.
+  // The warps' states merged: each output rescaled to the rows' common max,
+  // then summed in shared memory (Q's buffer, free now) in a fixed order, so
+  // that every run gives the same bits.
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r >= rows.count) break;
+      shared.m[warp][r] = m[r];
+      shared.l[warp][r] = l[r];
+    }
+  }
+  __syncthreads();
   float(*sum)[kE] = shared.q;
   for (int w = 0; w < kWarps; ++w) {
     if (warp == w) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (r >= rows.count) break;
+        float m_all = -INFINITY;
+#pragma unroll
+        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared.m[x][r]);
+        const float scale = m[r] == -INFINITY ? 0.f : exp2f(m[r] - m_all);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
           float& total = sum[r][lane * kCols + c];
-          total = w == 0 ? acc[r][c] : total + acc[r][c];
+          total = w == 0 ? acc[r][c] * scale : total + acc[r][c] * scale;
         }
       }
     }
@@ -218,8 +226,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 
   for (int i = tid; i < rows.count * kE; i += kThreads) {
     const int r = i / kE, c = i % kE;
-    const float l = shared.l[r];
-    const float value = l > 0.f ? sum[r][c] / l : 0.f;
+    float m_all = -INFINITY, l_all = 0.f;
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared.m[x][r]);
+#pragma unroll
+    for (int x = 0; x < kWarps; ++x) {
+      l_all += shared.m[x][r] == -INFINITY ? 0.f : shared.l[x][r] * exp2f(shared.m[x][r] - m_all);
+    }
+    const float value = l_all > 0.f ? sum[r][c] / l_all : 0.f;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
     if (splits.count == 1) {
       Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
@@ -229,16 +243,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       const int64_t row = (int64_t(split) * p.batch + batch) * p.heads_q * p.len_q + int64_t(head_q) * p.len_q + position;
       p.split_kv.o_partial[row * kE + c] = value;
     }
-  }
-  if (tid < rows.count) {
-    const int r = tid;
-    const float l = shared.l[r];
-    const float lse = l > 0.f ? (shared.m[r] + log2f(l)) * kLn2 : -INFINITY;
-    const int64_t row = (int64_t(batch) * p.heads_q + rows.head_q(head_kv, r)) * p.len_q + rows.position(r);
-    if (splits.count == 1) {
-      p.lse[row] = lse;
-    } else {
-      p.split_kv.lse_partial[int64_t(split) * p.batch * p.heads_q * p.len_q + row] = lse;
+    if (c == 0) {
+      const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+      const int64_t row = (int64_t(batch) * p.heads_q + head_q) * p.len_q + position;
+      if (splits.count == 1) {
+        p.lse[row] = lse;
+      } else {
+        p.split_kv.lse_partial[int64_t(split) * p.batch * p.heads_q * p.len_q + row] = lse;
+      }
     }
   }
 }

@@ -25,12 +25,13 @@ inline bool fits(const AttnFwdParams& p) {
          !p.seqlens.cu_k && !p.seqlens.used_k;
 }
 
-// Enough CTAs for a few per SM, each with at least a tile of keys.
+// Enough CTAs for several per SM (more warps in flight hide more memory
+// latency), each with at least kMinSplitKeys keys.
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv;
-  const int64_t wanted = (4 * int64_t(std::max(p.num_sms, 1)) + ctas - 1) / ctas;
-  const int most = (keys + kTileKeys - 1) / kTileKeys;
+  const int64_t wanted = (8 * int64_t(std::max(p.num_sms, 1)) + ctas - 1) / ctas;
+  const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, 128)));
   const int chunk = (keys + count - 1) / count;
   return {(keys + chunk - 1) / chunk, chunk};
