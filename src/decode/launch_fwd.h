@@ -22,8 +22,13 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   }
   const Rows rows{rows_per_kv_head(p), p.heads_q / p.heads_kv};
   const dim3 grid(splits.count, p.heads_kv, p.batch);
-  if (rows.count <= 4) {
+  // The smallest row count compiled that covers the call's.
+  if (rows.count <= 2) {
+    split_kernel<Element, kHeadDim, 2><<<grid, kThreads, 0, stream>>>(p, rows, splits);
+  } else if (rows.count <= 4) {
     split_kernel<Element, kHeadDim, 4><<<grid, kThreads, 0, stream>>>(p, rows, splits);
+  } else if (rows.count <= 8) {
+    split_kernel<Element, kHeadDim, 8><<<grid, kThreads, 0, stream>>>(p, rows, splits);
   } else {
     split_kernel<Element, kHeadDim, kMaxRows><<<grid, kThreads, 0, stream>>>(p, rows, splits);
   }
