@@ -130,7 +130,15 @@ def test_deterministic():
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
-def test_enable_serves_decode_steps():
+@pytest.fixture
+def routed_short(monkeypatch):
+    """enable() routing short queries to the decode family (off by default while it
+    is slower than PyTorch's SDPA on most shapes)."""
+    from torch_flash_backend import _router
+    monkeypatch.setattr(_router, "ROUTE_SHORT_QUERIES", True)
+
+
+def test_enable_serves_decode_steps(routed_short):
     """Under enable() a one-token step runs the decode family, with the backward by sm80."""
     require(torch.bfloat16, 128)
     q = make_q(2, 32, 1, 128, torch.bfloat16)
@@ -154,7 +162,7 @@ def test_enable_serves_decode_steps():
     assert max_err(grad, ref_grad) <= 0.05 * ref_grad.abs().max().item()
 
 
-def test_cuda_graph_replay_equals_eager():
+def test_cuda_graph_replay_equals_eager(routed_short):
     """A decode step captured in a CUDA graph (as generation loops are) replays like eager."""
     require(torch.bfloat16, 128)
     torch.manual_seed(5)

@@ -25,6 +25,13 @@ MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
+# The decode family is correct everywhere but, measured on an H100, slower than
+# PyTorch's default SDPA in most decode shapes (benchmarks/RESULTS.md, v13):
+# enable() leaves short queries to PyTorch until it is faster. flash_attn and
+# the ops (family="decode" or None) run it.
+ROUTE_SHORT_QUERIES = False
+DECODE_SLOWER_REASON = ("short query: the decode kernel is slower than PyTorch's SDPA on these shapes "
+                        "(benchmarks/RESULTS.md v13); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -240,14 +247,15 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing)
+            detail, broadcast, length, group, routing, ROUTE_SHORT_QUERIES)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
-            detail: str, broadcast: bool, length: int, group: int, routing: bool) -> Decision:
+            detail: str, broadcast: bool, length: int, group: int, routing: bool,
+            route_short: bool = True) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -262,6 +270,8 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         fwd_kernels = [k for k in fwd_kernels if not k.max_rows or rows <= k.max_rows]
     elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
+        if decoders and not route_short:
+            return _fallback(DECODE_SLOWER_REASON)
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if not fwd_kernels:
             if not decoders:

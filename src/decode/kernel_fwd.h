@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     for (int x = 0; x < kWarps; ++x) {
       l_all += shared.m[x][r] == -INFINITY ? 0.f : shared.l[x][r] * exp2f(shared.m[x][r] - m_all);
     }
-    const float value = l_all > 0.f ? sum[r][c] / l_all : 0.f;
+    // l_all is 0 for a row that sees no key of this split, NaN where a score was.
+    const float value = l_all == 0.f ? 0.f : sum[r][c] / l_all;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
     if (splits.count == 1) {
       Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       p.split_kv.o_partial[row * kE + c] = value;
     }
     if (c == 0) {
-      const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : -INFINITY;
+      const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2;
       const int64_t row = (int64_t(batch) * p.heads_q + head_q) * p.len_q + position;
       if (splits.count == 1) {
         p.lse[row] = lse;
@@ -285,8 +286,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ con
   Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
                int64_t(position) * p.o_row_stride + lane * kCols;
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) o[c] = Element(total > 0.f ? out[c] / total : 0.f);
-  if (lane == 0) p.lse[row] = total > 0.f ? ref + logf(total) : -INFINITY;
+  for (int c = 0; c < kCols; ++c) o[c] = Element(total == 0.f ? 0.f : out[c] / total);
+  if (lane == 0) p.lse[row] = total == 0.f ? -INFINITY : ref + logf(total);
 }
 
 }  // namespace tfb::decode
