@@ -106,17 +106,17 @@ def test_extreme_values():
 
 
 def test_nan_key_gives_nan_in_the_rows_that_see_it():
-    """A NaN in K makes NaN exactly the rows whose visible keys include it, as the
-    float64 reference does (PyTorch's fused kernels return numbers there)."""
+    """A NaN in K makes NaN exactly the rows whose visible keys include it: the
+    softmax of a NaN score is NaN (PyTorch's fused kernels return numbers there,
+    and test/reference.py zeroes rows without a finite score)."""
     require(torch.bfloat16, 64)
     q = make_q(1, 8, 1, 64, torch.bfloat16)
     k, v = (make_kv(1, 4, 300, 64, torch.bfloat16, "cache") for _ in range(2))
     k[0, 1, 17, 3] = float("nan")
     out, lse = poisoned_fwd(q, k, v)
-    ref, _ = attention_ref(q, k, v)
     got = out.isnan().any(-1).flatten().tolist()
-    assert got == ref.isnan().any(-1).flatten().tolist(), (got, lse.flatten().tolist())
-    assert got == [False, False, True, True, False, False, False, False], got
+    assert got == [False, False, True, True, False, False, False, False], (got, lse.flatten().tolist())
+    assert out[:, 2:4].isnan().all() and lse[:, 2:4].isnan().all()
     assert torch.isfinite(out[:, [0, 1, 4, 5, 6, 7]]).all()
 
 
