@@ -355,3 +355,19 @@ def test_kernel_records():
     assert _router._families((12, 0)) == ("decode", "sm80")
     bwd = next(iter(testing.fake_kernels(["sm80_bwd_fp16_hdim96"], smem_bytes={"bwd": 128 * 1024})))
     assert bwd.stride0_ok and bwd.min_cc == 80 and bwd.max_cc == 0 and bwd.smem_bytes == 128 * 1024
+
+
+def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
+    """A call decided before gets the same decision back; its shapes, strides, the
+    probe and the settings are the key, never the tensors' values."""
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    with testing.route_cpu():
+        first = tfb.explain(q, k, v)
+        assert first.served
+        assert tfb.explain(q, k, v) is first
+        assert tfb.explain(torch.randn_like(q), k, v) is first
+        assert tfb.explain(q[:, :, :18], k, v) is not first
+        assert tfb.explain(q, k, v, is_causal=True).reason != first.reason
+        monkeypatch.setenv(_router.FAMILIES_ENV, "sm80")
+        assert tfb.explain(q, k, v) is not first
+    assert not tfb.explain(q, k, v).served  # route_cpu left: the probe moved on

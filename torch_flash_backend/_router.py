@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from ._checks import check_sdpa_args, misaligned
+from ._checks import VECTOR_BYTES, check_sdpa_args, misaligned
 from ._library import built_kernel_set, family_limits
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
@@ -75,7 +75,15 @@ def _cuda_smem_per_block(index: int) -> int:
 
 
 class _Probe:
-    """What decide() asks of the machine; tests swap these (see testing.py)."""
+    """What decide() asks of the machine; tests swap these (see testing.py).
+    Each swap moves `generation`, which the decision cache keys on."""
+
+    generation = 0
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name in ("capability", "smem_per_block", "kernels"):
+            super().__setattr__("generation", self.generation + 1)
 
     def __init__(self):
         self.capability = lambda device: _cuda_capability(device.index if device.index is not None else 0)
@@ -91,6 +99,7 @@ class _Probe:
     def add_cpu_route(self, delta: int) -> None:
         with self._lock:
             self._cpu_routes += delta
+            self.generation += 1
 
 
 probe = _Probe()
@@ -133,14 +142,51 @@ def _families(capability: tuple[int, int]) -> tuple[str, ...]:
                  if _family_cc(f)[0] <= cc and (_family_cc(f)[1] == 0 or cc <= _family_cc(f)[1]))
 
 
+_decisions: dict = {}
+_DECISIONS_MAX = 4096
+
+
+def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad):
+    """What decide() reads of a call, as a dict key: plain eager tensors' metadata
+    and the settings; None for anything else (FakeTensors and subclasses while
+    tracing, masks, nested tensors), which decide() then reads afresh."""
+    if attn_mask is not None or not (type(q) is type(k) is type(v) is torch.Tensor):
+        return None
+    if q.is_nested or k.is_nested or v.is_nested or type(dropout_p) not in (float, int):
+        return None
+    if type(is_causal) is not bool or type(enable_gqa) is not bool:
+        return None
+    meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, VECTOR_BYTES // t.element_size()), t.dtype,
+                  t.device) for t in (q, k, v))
+    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, probe.generation,
+            os.environ.get(FAMILIES_ENV, ""), ROUTE_SHORT_QUERIES)
+
+
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
            *, needs_grad: bool | None = None) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
     Raises (check_sdpa_args) for arguments PyTorch's SDPA would reject too.
     needs_grad None means: as autograd will see it (grad mode on and an input
-    requires grad).
+    requires grad). A call whose metadata and settings were decided before gets
+    that decision back (the decision reads nothing else; scale never changes it).
     """
+    if needs_grad is None and type(q) is type(k) is type(v) is torch.Tensor:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad)
+    if key is not None:
+        decision = _decisions.get(key)
+        if decision is not None:
+            return decision
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad)
+    if key is not None:
+        if len(_decisions) >= _DECISIONS_MAX:
+            _decisions.clear()
+        _decisions[key] = decision
+    return decision
+
+
+def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad) -> Decision:
     check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
