@@ -6,6 +6,8 @@
 
 #include <type_traits>
 
+#include <cuda_runtime_api.h>
+
 #include <cutlass/numeric_types.h>
 
 #include "kernel_list.h"
@@ -32,6 +34,16 @@ bool visit_instantiation(DType dtype, int head_dim, Fn&& fn) {
     return found;
   };
   return dtype == DType::kFloat16 ? with_element(cutlass::half_t{}) : with_element(cutlass::bfloat16_t{});
+}
+
+// The launch of the instantiation visit_instantiation finds: launch(Element{},
+// std::integral_constant<int, E>{}) returns its error; cudaErrorNotSupported
+// when none was built for (dtype, head_dim). Every family's run_<pass>.
+template <int... kHeadDims, typename Launch>
+cudaError_t launch_instantiation(DType dtype, int head_dim, Launch&& launch) {
+  cudaError_t err = cudaErrorNotSupported;
+  visit_instantiation<kHeadDims...>(dtype, head_dim, [&](auto element, auto d) { err = launch(element, d); });
+  return err;
 }
 
 }  // namespace tfb

@@ -36,21 +36,19 @@ const Limits& limits_of(std::string_view family) {
 struct Table {
   std::vector<FwdKernels> fwd;
   std::vector<BwdKernels> bwd;
-  std::vector<size_t (*)(DType, int)> fwd_smem, bwd_smem;
 };
 
 // Built once from TFB_KERNEL_PASSES, in the registry's order of preference.
 const Table& table() {
   static const Table t = [] {
     Table t;
-    auto add = [](auto& list, auto& smem, const char* family, const char* pass, auto has, auto can_run,
-                  auto workspace_bytes, auto run, size_t (*smem_bytes)(DType, int)) {
+    auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
+                  auto run, size_t (*smem_bytes)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back({family, pass, l.min_cc, l.max_cc, has, can_run, workspace_bytes, run});
-      smem.push_back(smem_bytes);
+      list.push_back({family, pass, l.min_cc, l.max_cc, has, can_run, workspace_bytes, run, smem_bytes});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
-  add(t.pass, t.pass##_smem, #family, #pass, &family::has_##pass, &family::can_run_##pass,            \
+  add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
       &family::pass##_workspace_bytes, &family::run_##pass, &family::smem_bytes_##pass);
     TFB_KERNEL_PASSES(TFB_ADD_PASS)
 #undef TFB_ADD_PASS
@@ -122,21 +120,20 @@ const BwdKernels& backward_kernels(const std::optional<std::string_view>& family
 
 std::vector<std::string> kernel_records() {
   std::vector<std::string> lines;
-  auto add = [&](const auto& kernels, const auto& smem) {
-    for (size_t i = 0; i < kernels.size(); ++i) {
-      const auto& k = kernels[i];
+  auto add = [&](const auto& kernels) {
+    for (const auto& k : kernels) {
       for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
         for (int head_dim : {TFB_HEAD_DIMS_ALL}) {
           if (!k.has(dtype, head_dim)) continue;
           lines.push_back(k.name(dtype, head_dim) + " family=" + k.family + " pass=" + k.pass +
                           " dtype=" + dtype_name(dtype) + " head_dim=" + std::to_string(head_dim) + " " +
-                          limits_of(k.family).text + " smem_bytes=" + std::to_string(smem[i](dtype, head_dim)));
+                          limits_of(k.family).text + " smem_bytes=" + std::to_string(k.smem_bytes(dtype, head_dim)));
         }
       }
     }
   };
-  add(table().fwd, table().fwd_smem);
-  add(table().bwd, table().bwd_smem);
+  add(table().fwd);
+  add(table().bwd);
   return lines;
 }
 

@@ -27,6 +27,7 @@ struct PassKernels {
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);
   cudaError_t (*run)(const Params&, DType, cudaStream_t);
+  size_t (*smem_bytes)(DType, int);  // src/kernel_info.h: what built_kernels() reports
 
   bool runs_on(const DeviceInfo& info) const {
     const int cc = info.major * 10 + info.minor;

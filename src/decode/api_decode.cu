@@ -1,4 +1,6 @@
 // The decode family's entry points: the split-KV forward for short queries.
+#include <string_view>
+
 #include "api.h"
 #include "decode/launch.h"
 #include "dispatch.h"
@@ -24,12 +26,17 @@ size_t smem_bytes_fwd(DType, int head_dim) {
 }
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
-  cudaError_t err = cudaErrorNotSupported;
-  visit_fwd(dtype, params.head_dim, [&](auto element, auto head_dim) {
-    err = launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  return launch_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    return launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
   });
-  return err;
 }
+
+// The row cap the router reads (src/registry.py's max_rows) is the kernel's.
+#define TFB_CHECK_MAX_ROWS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head_dims) \
+  static_assert(std::string_view(#family) != "decode" || max_rows == kMaxRows,                           \
+                "src/registry.py's max_rows for decode must equal decode/config.h's kMaxRows");
+TFB_KERNEL_FAMILIES(TFB_CHECK_MAX_ROWS)
+#undef TFB_CHECK_MAX_ROWS
 
 }  // namespace decode
 }  // namespace tfb

@@ -8,7 +8,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMinSplitKeys = 128;  // a split's keys at least: 32 per warp
 constexpr int kLanesPerKey = 4;   // lanes that share one key's dot products
-constexpr int kMaxRows = 16;      // the most rows a CTA serves
+constexpr int kMaxRows = 16;      // the most rows a CTA serves (src/registry.py's max_rows; api_decode.cu checks)
 
 // The query rows of one kv head: row r is query position r / group of q head
 // head_kv * group + r % group.

@@ -42,11 +42,9 @@ size_t smem_bytes_bwd(DType dtype, int head_dim) {
 }
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
-  cudaError_t err = cudaErrorNotSupported;
-  visit_fwd(dtype, params.head_dim, [&](auto element, auto head_dim) {
-    err = launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  return launch_instantiation<TFB_SM80_FWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    return launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
   });
-  return err;
 }
 
 bool can_run_fwd(const AttnFwdParams&) { return true; }
@@ -56,11 +54,9 @@ size_t fwd_workspace_bytes(const AttnFwdParams&) { return 0; }
 size_t bwd_workspace_bytes(const AttnBwdParams& params) { return bwd_workspace_bytes_impl(params); }
 
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream) {
-  cudaError_t err = cudaErrorNotSupported;
-  visit_bwd(dtype, params.head_dim, [&](auto element, auto head_dim) {
-    err = launch_bwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  return launch_instantiation<TFB_SM80_BWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    return launch_bwd<decltype(element), decltype(head_dim)::value>(params, stream);
   });
-  return err;
 }
 
 }  // namespace sm80
