@@ -5,49 +5,289 @@
 // dispatcher (a thread can call a kernel that is being freed), so enable()
 // only moves a thread-local stack, and threads outside it go straight to
 // PyTorch's own (CompositeImplicitAutograd) kernel.
+//
+// Inside enable(), the decision is the router's (torch_flash_backend/_router.py,
+// reached through the route_sdpa op). A plain eager call whose metadata was
+// decided before takes that decision from a per-thread cache here, without
+// Python: served calls go straight to the fwd op, fallbacks to PyTorch's SDPA.
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
+#include <ATen/autocast_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/library.h>
 
 namespace tfb {
 namespace {
 
-// One entry per enable() this thread is inside: its strictness.
-thread_local std::vector<bool> routing;
+// ---------------------------------------------------------------- the stack
 
-void routing_push(bool strict) { routing.push_back(strict); }
+struct Frame {
+  bool strict;
+  bool log_each_call;  // the logger wants a line per call: every call asks the router
+};
+
+// One entry per enable() this thread is inside.
+thread_local std::vector<Frame> frames;
+
+// torch.compile must see whether a call runs inside enable() (a compiled
+// function recompiles when it crosses the boundary) without a cost on other
+// calls. Dynamo's guards read PyTorch's per-thread autocast state of every
+// device type, so enable() marks itself there, on a device type this library
+// never runs on: autocast for IPU on, with the dtype telling strict (float32)
+// from not (bfloat16). No CPU or CUDA tensor carries IPU's autocast key, so no
+// op changes.
+constexpr c10::DeviceType kMarkDevice = c10::DeviceType::IPU;
+struct MarkState {
+  bool enabled;
+  at::ScalarType dtype;
+};
+thread_local MarkState unmarked;  // the state before the outermost enable()
+
+void mark(const Frame& frame) {
+  at::autocast::set_autocast_enabled(kMarkDevice, true);
+  at::autocast::set_autocast_dtype(kMarkDevice, frame.strict ? at::kFloat : at::kBFloat16);
+}
+
+// ------------------------------------------------------ the decision cache
+
+// What the router reads of a call (torch_flash_backend/_router.py, decide):
+// metadata, not data. The storage offset enters as its remainder modulo the
+// 16-byte vector, the alignment rule's only use of it.
+struct TensorKey {
+  int64_t sizes[4];
+  int64_t strides[4];
+  int64_t offset_class;
+};
+
+struct Key {
+  TensorKey t[3];
+  double dropout_p;
+  int32_t dtype;
+  int32_t device_type;
+  int32_t device_index;
+  int32_t flags;  // is_causal | enable_gqa << 1 | needs_grad << 2
+
+  bool operator==(const Key& other) const { return std::memcmp(this, &other, sizeof(Key)) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    uint64_t words[sizeof(Key) / sizeof(uint64_t)];
+    std::memcpy(words, &key, sizeof(words));
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (uint64_t w : words) h = (h ^ w) * 0x100000001b3ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+};
+static_assert(sizeof(Key) % sizeof(uint64_t) == 0, "Key hashes as whole words");
+
+struct Entry {
+  bool served;
+  std::string family, backward_family;
+  int64_t stat;  // the stats() line this decision counts in (torch_flash_backend/_stats.py)
+};
+
+// Settings the router reads besides the call: the probe and switches Python
+// changes (a generation it bumps) and the kernel-family setting.
+std::atomic<uint64_t> generation{0};
+constexpr const char* kFamiliesEnv = "TFB_KERNEL_FAMILIES";
+constexpr size_t kMaxEntries = 4096;
+
+struct Cache {
+  uint64_t generation = ~0ull;
+  std::string families_env;
+  std::unordered_map<Key, Entry, KeyHash> entries;
+};
+thread_local Cache cache;
+
+// The call the router is deciding in this thread, if it may be cached.
+thread_local std::optional<Key> pending;
+
+// Per-line counts of the calls served from the cache; Python adds its own.
+constexpr int64_t kMaxStats = 4096;
+std::array<std::atomic<int64_t>, kMaxStats> counts{};
+
+// A dense CPU or CUDA tensor of autograd's and the backends' keys only:
+// FakeTensors, functional and batched wrappers (tracing) ask the router.
+bool plain(const at::Tensor& t) {
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Batched});
+  return t.defined() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 &&
+         !t.key_set().has_any(wrapped) && (t.is_cuda() || t.is_cpu());
+}
+
+std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
+                          bool is_causal, bool enable_gqa) {
+  if (!plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  Key key;
+  std::memset(&key, 0, sizeof(key));  // padding takes part in == and the hash
+  const at::Tensor* ts[3] = {&q, &k, &v};
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor& t = *ts[i];
+    for (int d = 0; d < 4; ++d) {
+      key.t[i].sizes[d] = t.size(d);
+      key.t[i].strides[d] = t.stride(d);
+    }
+    const int64_t vec = std::max<int64_t>(1, 16 / static_cast<int64_t>(t.element_size()));
+    key.t[i].offset_class = t.storage_offset() % vec;
+  }
+  const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  key.dropout_p = dropout_p;
+  key.dtype = static_cast<int32_t>(q.scalar_type());
+  key.device_type = static_cast<int32_t>(q.device().type());
+  key.device_index = q.device().index();
+  key.flags = int32_t(is_causal) | int32_t(enable_gqa) << 1 | int32_t(needs_grad) << 2;
+  // Inputs on other devices or of other dtypes are decided afresh (they fall back).
+  if (k.device() != q.device() || v.device() != q.device() || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type())
+    return std::nullopt;
+  return key;
+}
+
+// This thread's cache, emptied when the settings it was filled under changed.
+Cache& current_cache() {
+  const char* env = std::getenv(kFamiliesEnv);
+  const char* families = env ? env : "";
+  const uint64_t now = generation.load(std::memory_order_acquire);
+  if (cache.generation != now || cache.families_env != families) {
+    cache.entries.clear();
+    cache.generation = now;
+    cache.families_env = families;
+  }
+  return cache;
+}
+
+// ------------------------------------------------------------------ the ops
+
+void routing_push(bool strict, bool log_each_call) {
+  if (frames.empty()) {
+    unmarked = {at::autocast::is_autocast_enabled(kMarkDevice), at::autocast::get_autocast_dtype(kMarkDevice)};
+  }
+  frames.push_back({strict, log_each_call});
+  mark(frames.back());
+}
 
 void routing_pop() {
-  TORCH_CHECK(!routing.empty(), "torch_flash_backend: routing_pop without routing_push in this thread");
-  routing.pop_back();
+  TORCH_CHECK(!frames.empty(), "torch_flash_backend: routing_pop without routing_push in this thread");
+  frames.pop_back();
+  if (frames.empty()) {
+    at::autocast::set_autocast_enabled(kMarkDevice, unmarked.enabled);
+    at::autocast::set_autocast_dtype(kMarkDevice, unmarked.dtype);
+  } else {
+    mark(frames.back());
+  }
 }
+
+// The router's decision for the call being decided in this thread.
+void routing_remember(bool served, c10::string_view family, c10::string_view backward_family, int64_t stat) {
+  if (!pending.has_value() || stat < 0 || stat >= kMaxStats) return;
+  Cache& c = current_cache();
+  if (c.entries.size() >= kMaxEntries) c.entries.clear();
+  c.entries[*pending] = Entry{served, std::string(family), std::string(backward_family), stat};
+  pending.reset();
+}
+
+// The router's settings changed (Python's probe): every thread decides afresh.
+void routing_invalidate() { generation.fetch_add(1, std::memory_order_acq_rel); }
+
+std::vector<int64_t> routing_counts() {
+  std::vector<int64_t> out(kMaxStats);
+  for (int64_t i = 0; i < kMaxStats; ++i) out[i] = counts[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+void routing_reset_counts() {
+  for (auto& c : counts) c.store(0, std::memory_order_relaxed);
+}
+
+// ------------------------------------------------------------- the kernel
+
+at::Tensor pytorch_sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                        std::optional<double> scale, bool enable_gqa) {
+  return at::native::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                  enable_gqa);
+}
+
+at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
+                 std::optional<double> scale, const Entry& entry, bool needs_grad) {
+  static const auto fwd =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torch_flash_backend::fwd", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    std::optional<double>, bool, std::optional<c10::string_view>,
+                                                    std::optional<c10::string_view>)>();
+  const std::optional<c10::string_view> family = c10::string_view(entry.family);
+  const std::optional<c10::string_view> backward_family =
+      entry.backward_family.empty() ? std::nullopt : std::optional<c10::string_view>(entry.backward_family);
+  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family));
+  // Nothing to differentiate: skip the op's autograd formula (a Python kernel).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family));
+}
+
+// Clears `pending` however the router returns.
+struct Deciding {
+  std::optional<Key> saved;
+  explicit Deciding(const std::optional<Key>& key) : saved(pending) { pending = key; }
+  ~Deciding() { pending = saved; }
+};
 
 at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
-  if (routing.empty()) {
-    return at::native::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                                     enable_gqa);
+  if (frames.empty()) return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  const Frame& frame = frames.back();
+  std::optional<Key> cache_key;
+  if (!frame.log_each_call && !attn_mask.has_value()) {
+    cache_key = key_of(query, key, value, dropout_p, is_causal, enable_gqa);
   }
-  // The decision (torch_flash_backend/_enable.py) is a Python kernel of this op.
+  if (cache_key.has_value()) {
+    Cache& c = current_cache();
+    const auto it = c.entries.find(*cache_key);
+    if (it != c.entries.end() && (it->second.served || !frame.strict)) {
+      const Entry& entry = it->second;
+      counts[entry.stat].fetch_add(1, std::memory_order_relaxed);
+      if (!entry.served) {
+        return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+      }
+      const Entry chosen = entry;  // the cache may be emptied by another call's miss while this one runs
+      return serve(query, key, value, is_causal, scale, chosen, (cache_key->flags & 4) != 0);
+    }
+  }
+  // The decision (torch_flash_backend/_enable.py) is a Python kernel of this op;
+  // it hands the decision back through routing_remember.
   static const auto route = c10::Dispatcher::singleton()
                                 .findSchemaOrThrow("torch_flash_backend::route_sdpa", "")
                                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                   const std::optional<at::Tensor>&, double, bool,
                                                   std::optional<double>, bool, bool)>();
-  return route.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, routing.back());
+  Deciding deciding(cache_key);
+  return route.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, frame.strict);
 }
 
 }  // namespace
 }  // namespace tfb
 
 TORCH_LIBRARY_FRAGMENT(torch_flash_backend, m) {
-  m.def("routing_push(bool strict) -> ()", &tfb::routing_push);
+  m.def("routing_push(bool strict, bool log_each_call=False) -> ()", &tfb::routing_push);
   m.def("routing_pop() -> ()", &tfb::routing_pop);
+  m.def("routing_remember(bool served, str family, str backward_family, int stat) -> ()", &tfb::routing_remember);
+  m.def("routing_invalidate() -> ()", &tfb::routing_invalidate);
+  m.def("routing_counts() -> int[]", &tfb::routing_counts);
+  m.def("routing_reset_counts() -> ()", &tfb::routing_reset_counts);
 }
 
 // Autograd keys see every call outside torch.inference_mode(); the backend keys

@@ -135,7 +135,7 @@ def routed_short(monkeypatch):
     """enable() routing short queries to the decode family (off by default while it
     is slower than PyTorch's SDPA on most shapes)."""
     from torch_flash_backend import _router
-    monkeypatch.setattr(_router, "ROUTE_SHORT_QUERIES", True)
+    monkeypatch.setattr(_router.probe, "route_short_queries", True)
 
 
 def test_enable_serves_decode_steps(routed_short):

@@ -296,17 +296,30 @@ class Attend(torch.nn.Module):
 
 @pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])
 def test_export_graph_holds_our_op(strict_export):
+    """Exporting enable()(module): the trace runs the module inside enable()."""
     q, k, v = qkv()
-    with tfb.enable():
-        ep = torch.export.export(Attend(), (q, k, v), strict=strict_export)
+    ep = torch.export.export(tfb.enable()(Attend()), (q, k, v), strict=strict_export)
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-    assert "torch_flash_backend.fwd.default" in targets and not any("scaled_dot" in t for t in targets)
+    assert targets == ["torch_flash_backend.fwd.default", "<built-in function getitem>",
+                       "<built-in function getitem>"], targets
     torch.testing.assert_close(ep.module()(q, k, v), Attend()(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])
+def test_export_inside_enable_warns(strict_export):
+    """An export merely started inside enable() cannot route (nothing runs on the
+    trace's torch calls): PyTorch's SDPA stays in the graph, and a warning says
+    what to export instead."""
+    q, k, v = qkv()
+    with tfb.enable(), pytest.warns(UserWarning, match=r"Export tfb.enable\(\)\(model\)"):
+        ep = torch.export.export(Attend(), (q, k, v), strict=strict_export)
+    assert [str(n.target) for n in ep.graph.nodes if n.op == "call_function"] == [
+        "aten.scaled_dot_product_attention.default"]
+    assert tfb.stats() == {"routed": {}, "fallback": {}}
 
 
 def test_export_fallback_counted_once():
     q, k, v = qkv()
-    with tfb.enable():
-        ep = torch.export.export(Attend(), (q, k, v, torch.zeros(40, 40)))
+    ep = torch.export.export(tfb.enable()(Attend()), (q, k, v, torch.zeros(40, 40)))
     assert tfb.stats() == {"routed": {}, "fallback": {"attn_mask is not supported (only is_causal masking)": 1}}
     assert any("scaled_dot_product_attention" in str(n.target) for n in ep.graph.nodes)

@@ -172,11 +172,13 @@ class GraphModule(torch.nn.Module):
         _unsafe_view: "f32[2, 24, 256]" = torch.ops.aten._unsafe_view.default(mm, [2, 24, 256]);  mm = None
         view_1: "f32[2, 24, 4, 64]" = torch.ops.aten.view.default(_unsafe_view, [2, 24, 4, 64]);  _unsafe_view = None
         transpose: "f32[2, 4, 24, 64]" = torch.ops.aten.transpose.int(view_1, 1, 2);  view_1 = None
+
         t_1: "f32[256, 128]" = torch.ops.aten.t.default(primals_3)
         mm_1: "f32[48, 128]" = torch.ops.aten.mm.default(view, t_1);  t_1 = None
         _unsafe_view_1: "f32[2, 24, 128]" = torch.ops.aten._unsafe_view.default(mm_1, [2, 24, 128]);  mm_1 = None
         view_3: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(_unsafe_view_1, [2, 24, 2, 64]);  _unsafe_view_1 = None
         transpose_1: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_3, 1, 2);  view_3 = None
+
         t_2: "f32[256, 128]" = torch.ops.aten.t.default(primals_4)
         mm_2: "f32[48, 128]" = torch.ops.aten.mm.default(view, t_2);  t_2 = None
         _unsafe_view_2: "f32[2, 24, 128]" = torch.ops.aten._unsafe_view.default(mm_2, [2, 24, 128]);  mm_2 = None
@@ -232,6 +234,7 @@ class GraphModule(torch.nn.Module):
         mm_7: "f32[48, 256]" = torch.ops.aten.mm.default(view_12, t_10);  view_12 = t_10 = None
         view_13: "f32[2, 24, 256]" = torch.ops.aten.view.default(mm_7, [2, 24, 256]);  mm_7 = None
         t_11: "f32[128, 256]" = torch.ops.aten.t.default(t_9);  t_9 = None
+
         transpose_6: "f32[2, 24, 2, 64]" = torch.ops.aten.transpose.int(getitem_3, 1, 2);  getitem_3 = None
         view_14: "f32[2, 24, 128]" = torch.ops.aten.view.default(transpose_6, [2, 24, 128]);  transpose_6 = None
         view_15: "f32[48, 128]" = torch.ops.aten.view.default(view_14, [48, 128]);  view_14 = None
@@ -244,6 +247,7 @@ class GraphModule(torch.nn.Module):
         view_16: "f32[2, 24, 256]" = torch.ops.aten.view.default(mm_9, [2, 24, 256]);  mm_9 = None
         add: "f32[2, 24, 256]" = torch.ops.aten.add.Tensor(view_13, view_16);  view_13 = view_16 = None
         t_15: "f32[128, 256]" = torch.ops.aten.t.default(t_13);  t_13 = None
+
         transpose_7: "f32[2, 24, 4, 64]" = torch.ops.aten.transpose.int(getitem_2, 1, 2);  getitem_2 = None
         view_17: "f32[2, 24, 256]" = torch.ops.aten.view.default(transpose_7, [2, 24, 256]);  transpose_7 = None
         view_18: "f32[48, 256]" = torch.ops.aten.view.default(view_17, [48, 256]);  view_17 = None
@@ -325,8 +329,12 @@ def test_inductor_matches_eager(inductor, device):
 @pytest.fixture(scope="module")
 def exported(device):
     model, x = make_model(device)
+    with contextlib.ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(testing.route_cpu())
+        # The exported module runs the model inside enable(strict=True).
+        ep = torch.export.export(tfb.enable(strict=True)(model), (x,))
     with routed(device):
-        ep = torch.export.export(model, (x,))
         expected = model(x)
     return types.SimpleNamespace(ep=ep, x=x, expected=expected)
 
@@ -338,18 +346,18 @@ def test_exported_program_calls_our_op(exported):
 def test_exported_graph(exported):
     expecttest.assert_expected_inline(graph_text(exported.ep.graph_module), """\
 class GraphModule(torch.nn.Module):
-    def forward(self, p_q_proj_weight: "f32[256, 256]", p_k_proj_weight: "f32[128, 256]", p_v_proj_weight: "f32[128, 256]", p_o_proj_weight: "f32[256, 256]", x: "f32[2, 24, 256]"):
-        linear: "f32[2, 24, 256]" = torch.ops.aten.linear.default(x, p_q_proj_weight);  p_q_proj_weight = None
+    def forward(self, p_module_q_proj_weight: "f32[256, 256]", p_module_k_proj_weight: "f32[128, 256]", p_module_v_proj_weight: "f32[128, 256]", p_module_o_proj_weight: "f32[256, 256]", x: "f32[2, 24, 256]"):
+        linear: "f32[2, 24, 256]" = torch.ops.aten.linear.default(x, p_module_q_proj_weight);  p_module_q_proj_weight = None
 
         view: "f32[2, 24, 4, 64]" = torch.ops.aten.view.default(linear, [2, 24, 4, 64]);  linear = None
         transpose: "f32[2, 4, 24, 64]" = torch.ops.aten.transpose.int(view, 1, 2);  view = None
 
-        linear_1: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_k_proj_weight);  p_k_proj_weight = None
+        linear_1: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_module_k_proj_weight);  p_module_k_proj_weight = None
 
         view_1: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(linear_1, [2, 24, 2, 64]);  linear_1 = None
         transpose_1: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_1, 1, 2);  view_1 = None
 
-        linear_2: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_v_proj_weight);  x = p_v_proj_weight = None
+        linear_2: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_module_v_proj_weight);  x = p_module_v_proj_weight = None
 
         view_2: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(linear_2, [2, 24, 2, 64]);  linear_2 = None
         transpose_2: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_2, 1, 2);  view_2 = None
@@ -361,7 +369,7 @@ class GraphModule(torch.nn.Module):
         transpose_3: "f32[2, 24, 4, 64]" = torch.ops.aten.transpose.int(getitem, 1, 2);  getitem = None
         reshape: "f32[2, 24, 256]" = torch.ops.aten.reshape.default(transpose_3, [2, 24, -1]);  transpose_3 = None
 
-        linear_3: "f32[2, 24, 256]" = torch.ops.aten.linear.default(reshape, p_o_proj_weight);  reshape = p_o_proj_weight = None
+        linear_3: "f32[2, 24, 256]" = torch.ops.aten.linear.default(reshape, p_module_o_proj_weight);  reshape = p_module_o_proj_weight = None
         return (linear_3,)
 """)
 

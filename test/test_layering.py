@@ -225,7 +225,9 @@ def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):
 
 def test_kernel_families_setting_is_read_by_the_router_alone():
     """TFB_KERNEL_FAMILIES is a user setting the router reads; the ops run the family
-    they are given (their `family` argument), so no C++ code reads the environment for it."""
+    they are given (their `family` argument). The one C++ reader is enable()'s
+    decision cache (csrc/routing.cpp), which only notes the value its decisions
+    were made under, to ask the router again when it changes."""
     readers = []
     for top in ("src", "csrc", "torch_flash_backend"):
         for path, text in _files(top):
@@ -234,4 +236,7 @@ def test_kernel_families_setting_is_read_by_the_router_alone():
             if path.endswith(".py") and re.search(r"os\.environ(\.get\(|\[)\s*(FAMILIES_ENV|['\"]TFB_KERNEL_FAMILIES)",
                                                   text):
                 readers.append(path)
-    assert readers == [os.path.join("torch_flash_backend", "_router.py")], readers
+    assert sorted(readers) == [os.path.join("csrc", "routing.cpp"),
+                               os.path.join("torch_flash_backend", "_router.py")], readers
+    routing = dict(_files("csrc"))[os.path.join("csrc", "routing.cpp")]
+    assert routing.count("kFamiliesEnv") == 2, "routing.cpp reads the setting in current_cache() alone"

@@ -4,15 +4,18 @@ Routing sits in the dispatcher, not in Python: the op library gives
 aten::scaled_dot_product_attention a kernel at the autograd and backend keys of
 CPU and CUDA (csrc/routing.cpp), registered once when it loads. Outside enable()
 that kernel calls PyTorch's own (CompositeImplicitAutograd) kernel; inside, it
-calls torch_flash_backend::route_sdpa, whose Python kernel below decides. That
-also catches the calls made from C++ (nn.MultiheadAttention and
-nn.TransformerEncoderLayer fast paths). enable() itself only pushes onto a
-thread-local stack, so any number of threads may enter and leave it while others
-run SDPA. torch.compile and torch.export: see _Routing.
+takes a decision it cached for the same metadata, or asks
+torch_flash_backend::route_sdpa, whose Python kernel below decides (and hands
+the decision back to the cache). That also catches the calls made from C++
+(nn.MultiheadAttention and nn.TransformerEncoderLayer fast paths). enable()
+itself only pushes onto a thread-local stack, so any number of threads may enter
+and leave it while others run SDPA, and no other torch call pays for it.
+torch.compile and torch.export: see _Routing.
 """
 import functools
 import logging
 import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -37,16 +40,19 @@ class UnsupportedError(RuntimeError):
 
 
 class _Routing(TorchFunctionMode):
-    """Dynamo guards on the torch-function-mode stack, so having this mode on it
-    makes a function compiled inside enable() recompile when called outside (and
-    vice versa), without guarding on anything per call.
+    """The routing of a traced enable(), entered inside a function that Dynamo
+    compiles or torch.export traces (eager code pays nothing per torch call for
+    enable(): this mode is not pushed there).
 
-    It passes every call through but SDPA's where the dispatcher-level switch
-    cannot see it: Dynamo traces this mode (also when enable() is entered inside
-    the compiled function), so there it emits route_sdpa, decided when
-    AOTAutograd traces the graph; torch.export keeps
-    aten::scaled_dot_product_attention whole in its graphs, so an SDPA call
-    traced for export is decided here.
+    A function compiled outside enable() and called inside it (or the reverse)
+    recompiles: enable() marks itself in state Dynamo guards on
+    (csrc/routing.cpp), and AOTAutograd's trace of the graph meets the
+    dispatcher-level switch. Where that switch cannot see the call this mode
+    routes it: in a graph Dynamo traces (torch.compile, torch.export with
+    strict=True) it emits route_sdpa, decided when the graph is traced into
+    ATen ops (its tag makes torch.export decompose it too); torch.export keeps
+    aten::scaled_dot_product_attention whole in its graphs, so an SDPA call a
+    non-strict export traces is decided here.
     """
 
     strict = False
@@ -54,11 +60,13 @@ class _Routing(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            # torch.export(strict=True) traces with Dynamo too, and would keep
-            # route_sdpa whole: its SDPA call goes on to the dispatcher-level switch.
             if torch.compiler.is_dynamo_compiling() and not _exporting():
                 return _route_op(*args, strict=self.strict, **kwargs)
-            if _exporting() and not torch.compiler.is_dynamo_compiling():
+            if torch.compiler.is_dynamo_compiling():
+                # torch.export(strict=True): Dynamo keeps this call whole and the
+                # export's trace of Dynamo's graph runs it (_route_for_export).
+                return _exported_sdpa_strict(*args, **kwargs) if self.strict else _exported_sdpa(*args, **kwargs)
+            if _exporting():
                 return _route_for_export(func, args, kwargs, self.strict)
         return func(*args, **kwargs)
 
@@ -92,6 +100,11 @@ def _modes() -> list:
 def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback):
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     _stats.count(decision)
+    if type(q) is torch.Tensor and not torch.compiler.is_compiling():
+        # Kept by the dispatcher-level switch for the next eager call with this
+        # metadata (when this call came from it and may be cached).
+        _ops.routing_remember(decision.served, decision.family or "", decision.backward_family or "",
+                              _stats.line_id(decision))
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
         return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family)[0]
@@ -115,6 +128,16 @@ def _route_for_export(func, args, kwargs, strict):
     return call(*args, **kwargs)
 
 
+@torch.compiler.allow_in_graph
+def _exported_sdpa(*args, **kwargs):
+    return _route_for_export(F.scaled_dot_product_attention, args, kwargs, False)
+
+
+@torch.compiler.allow_in_graph
+def _exported_sdpa_strict(*args, **kwargs):
+    return _route_for_export(F.scaled_dot_product_attention, args, kwargs, True)
+
+
 def _pytorch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
@@ -123,6 +146,13 @@ def _route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
                 strict=False):
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if getattr(_local, "decided", False):
+        return _pytorch_sdpa(*args)
+    if _exporting() and _modes() and _modes()[-1] is None:
+        # torch.export computing the output of the SDPA call it keeps whole in
+        # its graph, inside an enable() entered before it: too late to route.
+        warnings.warn("torch_flash_backend: torch.export traced scaled_dot_product_attention inside an enable() "
+                      "entered before the export, which cannot route it; the exported program runs PyTorch's "
+                      "SDPA. Export tfb.enable()(model) to route it.", stacklevel=2)
         return _pytorch_sdpa(*args)
     return _route(*args, strict, fallback=lambda: _pytorch_sdpa(*args))
 
@@ -161,12 +191,21 @@ class enable:
 
     A function compiled outside enable() is recompiled when called inside it,
     and vice versa, never per call.
+
+    torch.export routes the SDPA calls of code that runs inside enable() while
+    it is traced: export enable()(model), a module whose forward runs the
+    model's inside enable() (its parameters are under "module."). An export
+    merely started inside enable() keeps PyTorch's SDPA in its graph, with a
+    warning: eager code pays nothing per torch call for enable(), so nothing
+    sees the trace start.
     """
 
     def __init__(self, strict: bool = False):
         self.strict = bool(strict)
 
     def __call__(self, fn):
+        if isinstance(fn, torch.nn.Module):
+            return _RoutedModule(fn, self.strict)
         # A fresh context manager per call, made inside the decorated function:
         # Dynamo enters only context managers created inside the compiled region.
         strict = self.strict
@@ -179,16 +218,18 @@ class enable:
         return routed
 
     def __enter__(self):
-        mode = _StrictRouting() if self.strict else _Routing()
         if torch.compiler.is_dynamo_compiling():
+            mode = _StrictRouting() if self.strict else _Routing()
             mode.__enter__()  # traced: the mode routes the graph's SDPA calls
             return self
-        mode.__enter__()
-        try:
-            _ops.routing_push(self.strict)
-        except BaseException:
-            mode.__exit__(None, None, None)
-            raise
+        if _exporting():
+            # A torch.export trace runs this code: the mode routes its SDPA calls
+            # (the trace keeps them whole, out of the switch's sight).
+            mode = _StrictRouting() if self.strict else _Routing()
+            mode.__enter__()
+        else:
+            mode = None
+            _ops.routing_push(self.strict, logger.isEnabledFor(logging.DEBUG))
         _modes().append(mode)
         _count_active(1)
         return self
@@ -201,11 +242,28 @@ class enable:
             return False
         mode = _modes().pop()
         _count_active(-1)
-        try:
+        if mode is None:
             _ops.routing_pop()
-        finally:
+        else:
             mode.__exit__(*exc_info)
         return False
+
+
+class _RoutedModule(torch.nn.Module):
+    """enable()(module): the module, called inside enable() (for torch.export)."""
+
+    def __init__(self, module: torch.nn.Module, strict: bool):
+        super().__init__()
+        self.module = module
+        self.strict = strict
+
+        # The module's signature, so that an exported program names its inputs alike.
+        @functools.wraps(module.forward)
+        def forward(*args, **kwargs):
+            with enable(strict=self.strict):
+                return self.module(*args, **kwargs)
+
+        self.forward = forward
 
 
 def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

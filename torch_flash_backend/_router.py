@@ -27,8 +27,8 @@ CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
 # The decode family is correct everywhere but, measured on an H100, slower than
 # PyTorch's default SDPA in most decode shapes (benchmarks/RESULTS.md, v13):
-# enable() leaves short queries to PyTorch until it is faster. flash_attn and
-# the ops (family="decode" or None) run it.
+# enable() leaves short queries to PyTorch until it is faster (the default of
+# probe.route_short_queries). flash_attn and the ops (family="decode" or None) run it.
 ROUTE_SHORT_QUERIES = False
 DECODE_SLOWER_REASON = ("short query: the decode kernel is slower than PyTorch's SDPA on these shapes "
                         "(benchmarks/RESULTS.md v13); PyTorch's SDPA serves it")
@@ -75,22 +75,29 @@ def _cuda_smem_per_block(index: int) -> int:
 
 
 class _Probe:
-    """What decide() asks of the machine; tests swap these (see testing.py).
-    Each swap moves `generation`, which the decision cache keys on."""
+    """What decide() asks of the machine, and the switches tests turn
+    (testing.py): each swap moves `generation`, which the decision caches (here
+    and enable()'s in csrc/routing.cpp) key on. route_short_queries: whether
+    enable() sends queries shorter than MIN_QUERY_LEN to a decode family."""
 
     generation = 0
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("capability", "smem_per_block", "kernels"):
-            super().__setattr__("generation", self.generation + 1)
+        if name in ("capability", "smem_per_block", "kernels", "route_short_queries"):
+            self._bump()
 
     def __init__(self):
         self.capability = lambda device: _cuda_capability(device.index if device.index is not None else 0)
         self.smem_per_block = lambda device: _cuda_smem_per_block(device.index if device.index is not None else 0)
         self.kernels = built_kernel_set
+        self.route_short_queries = ROUTE_SHORT_QUERIES
         self._cpu_routes = 0
         self._lock = threading.Lock()
+
+    def _bump(self) -> None:
+        super().__setattr__("generation", self.generation + 1)
+        torch.ops.torch_flash_backend.routing_invalidate()
 
     @property
     def route_cpu(self) -> bool:
@@ -99,7 +106,7 @@ class _Probe:
     def add_cpu_route(self, delta: int) -> None:
         with self._lock:
             self._cpu_routes += delta
-            self.generation += 1
+            self._bump()
 
 
 probe = _Probe()
@@ -159,7 +166,7 @@ def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_gr
     meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, VECTOR_BYTES // t.element_size()), t.dtype,
                   t.device) for t in (q, k, v))
     return (meta, dropout_p, is_causal, enable_gqa, needs_grad, probe.generation,
-            os.environ.get(FAMILIES_ENV, ""), ROUTE_SHORT_QUERIES)
+            os.environ.get(FAMILIES_ENV, ""))
 
 
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
@@ -293,7 +300,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing, ROUTE_SHORT_QUERIES)
+            detail, broadcast, length, group, routing, probe.route_short_queries)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
