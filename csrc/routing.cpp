@@ -3,7 +3,7 @@
 // library loads and never changed afterwards. Registering and removing a
 // kernel while other threads dispatch the same op is a race in the
 // dispatcher (a thread can call a kernel that is being freed), so enable()
-// only moves a thread-local stack, and threads outside it go straight to
+// only moves thread-local state, and threads outside it go straight to
 // PyTorch's own (CompositeImplicitAutograd) kernel.
 //
 // Inside enable(), the decision is the router's (torch_flash_backend/_router.py,
@@ -30,33 +30,33 @@
 namespace tfb {
 namespace {
 
-// ---------------------------------------------------------------- the stack
+// ------------------------------------------------------- the routing state
+
+// enable() keeps its state where torch.compile sees it: Dynamo's guards read
+// PyTorch's per-thread autocast state of every device type, so a compiled
+// function recompiles when it crosses enable()'s boundary, while no other
+// call pays anything. enable() (torch_flash_backend/_enable.py) sets autocast
+// for IPU, a device type this library never runs on and no CPU or CUDA tensor
+// carries the key of (so no op changes), and says in its dtype how calls are
+// routed. Nesting is Python's: each enable() restores the state it found.
+constexpr c10::DeviceType kMarkDevice = c10::DeviceType::IPU;
 
 struct Frame {
   bool strict;
   bool log_each_call;  // the logger wants a line per call: every call asks the router
 };
 
-// One entry per enable() this thread is inside.
-thread_local std::vector<Frame> frames;
-
-// torch.compile must see whether a call runs inside enable() (a compiled
-// function recompiles when it crosses the boundary) without a cost on other
-// calls. Dynamo's guards read PyTorch's per-thread autocast state of every
-// device type, so enable() marks itself there, on a device type this library
-// never runs on: autocast for IPU on, with the dtype telling strict (float32)
-// from not (bfloat16). No CPU or CUDA tensor carries IPU's autocast key, so no
-// op changes.
-constexpr c10::DeviceType kMarkDevice = c10::DeviceType::IPU;
-struct MarkState {
-  bool enabled;
-  at::ScalarType dtype;
-};
-thread_local MarkState unmarked;  // the state before the outermost enable()
-
-void mark(const Frame& frame) {
-  at::autocast::set_autocast_enabled(kMarkDevice, true);
-  at::autocast::set_autocast_dtype(kMarkDevice, frame.strict ? at::kFloat : at::kBFloat16);
+// The innermost enable() of this thread, if any. The dtypes: bfloat16 plain,
+// float32 strict, float16 logging, float64 strict and logging.
+std::optional<Frame> routing_frame() {
+  if (!at::autocast::is_autocast_enabled(kMarkDevice)) return std::nullopt;
+  switch (at::autocast::get_autocast_dtype(kMarkDevice)) {
+    case at::kBFloat16: return Frame{false, false};
+    case at::kFloat: return Frame{true, false};
+    case at::kHalf: return Frame{false, true};
+    case at::kDouble: return Frame{true, true};
+    default: return std::nullopt;  // autocast for IPU, set by someone else
+  }
 }
 
 // ------------------------------------------------------ the decision cache
@@ -171,25 +171,6 @@ Cache& current_cache() {
 
 // ------------------------------------------------------------------ the ops
 
-void routing_push(bool strict, bool log_each_call) {
-  if (frames.empty()) {
-    unmarked = {at::autocast::is_autocast_enabled(kMarkDevice), at::autocast::get_autocast_dtype(kMarkDevice)};
-  }
-  frames.push_back({strict, log_each_call});
-  mark(frames.back());
-}
-
-void routing_pop() {
-  TORCH_CHECK(!frames.empty(), "torch_flash_backend: routing_pop without routing_push in this thread");
-  frames.pop_back();
-  if (frames.empty()) {
-    at::autocast::set_autocast_enabled(kMarkDevice, unmarked.enabled);
-    at::autocast::set_autocast_dtype(kMarkDevice, unmarked.dtype);
-  } else {
-    mark(frames.back());
-  }
-}
-
 // The router's decision for the call being decided in this thread.
 void routing_remember(bool served, c10::string_view family, c10::string_view backward_family, int64_t stat) {
   if (!pending.has_value() || stat < 0 || stat >= kMaxStats) return;
@@ -248,8 +229,11 @@ struct Deciding {
 at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
-  if (frames.empty()) return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
-  const Frame& frame = frames.back();
+  const std::optional<Frame> routing = routing_frame();
+  if (!routing.has_value()) {
+    return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  }
+  const Frame frame = *routing;
   std::optional<Key> cache_key;
   if (!frame.log_each_call && !attn_mask.has_value()) {
     cache_key = key_of(query, key, value, dropout_p, is_causal, enable_gqa);
@@ -282,8 +266,6 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
 }  // namespace tfb
 
 TORCH_LIBRARY_FRAGMENT(torch_flash_backend, m) {
-  m.def("routing_push(bool strict, bool log_each_call=False) -> ()", &tfb::routing_push);
-  m.def("routing_pop() -> ()", &tfb::routing_pop);
   m.def("routing_remember(bool served, str family, str backward_family, int stat) -> ()", &tfb::routing_remember);
   m.def("routing_invalidate() -> ()", &tfb::routing_invalidate);
   m.def("routing_counts() -> int[]", &tfb::routing_counts);

@@ -212,6 +212,90 @@ def test_compiled_function_recompiles_across_enable_not_per_call():
     torch.testing.assert_close(inside, outside, atol=1e-5, rtol=1e-5)
 
 
+def test_eager_enable_pushes_no_torch_function_mode():
+    """Ordinary torch calls pay nothing for enable(): no torch-function mode is
+    on the stack; the mark Dynamo guards on is the autocast state of a device
+    type no CPU or CUDA tensor carries (IPU), restored on exit."""
+    before = (torch.is_autocast_enabled("ipu"), torch.get_autocast_dtype("ipu"))
+    with tfb.enable():
+        assert torch._C._len_torch_function_stack() == 0
+        assert torch.is_autocast_enabled("ipu") and torch.get_autocast_dtype("ipu") == torch.bfloat16
+        with tfb.enable(strict=True):
+            assert torch.get_autocast_dtype("ipu") == torch.float32
+        assert torch.get_autocast_dtype("ipu") == torch.bfloat16
+        assert not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda")
+    assert (torch.is_autocast_enabled("ipu"), torch.get_autocast_dtype("ipu")) == before
+
+
+def test_repeated_calls_use_the_decision_cache():
+    """The second call with the same metadata is decided in C++ (the router is not
+    asked again) and still counted; new metadata, a new grad need, or a settings
+    change (the probe) ask the router."""
+    asked = []
+    original = _enable._router.decide
+
+    def counting_decide(*args, **kwargs):
+        asked.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    q, k, v = qkv()
+    with pytest.MonkeyPatch.context() as mp, tfb.enable():
+        mp.setattr(_enable._router, "decide", counting_decide)
+        out1 = F.scaled_dot_product_attention(q, k, v)
+        out2 = F.scaled_dot_product_attention(q, k, v)
+        assert len(asked) == 1 and torch.equal(out1, out2)
+        F.scaled_dot_product_attention(*qkv(length=41))
+        assert len(asked) == 2
+        qg, kg, vg = qkv(requires_grad=True)
+        F.scaled_dot_product_attention(qg, kg, vg).sum().backward()
+        assert len(asked) == 3 and qg.grad is not None
+        _enable._router.probe.add_cpu_route(0)  # a probe change: every cache decides afresh
+        F.scaled_dot_product_attention(q, k, v)
+        assert len(asked) == 4
+    assert tfb.stats()["routed"] == {"cpu_fwd_fp32_hdim16": 5}
+
+
+def test_cached_fallback_still_raises_under_strict():
+    """A fallback cached under enable() raises (with its reason) under strict=True."""
+    q, k, v = qkv(length=8)
+    with tfb.enable():
+        F.scaled_dot_product_attention(q, k, v)
+        F.scaled_dot_product_attention(q, k, v)
+        with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError, match="short query"):
+            F.scaled_dot_product_attention(q, k, v)
+    assert fallbacks() == 3
+
+
+def test_cache_is_per_thread_and_threads_count():
+    q, k, v = qkv()
+    errors = []
+
+    def work():
+        try:
+            with tfb.enable():
+                for _ in range(5):
+                    F.scaled_dot_product_attention(q, k, v)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and routed() == 20
+
+
+def test_debug_logging_logs_every_call(caplog):
+    """With the logger at DEBUG when enable() is entered, every call is logged
+    (the cache is bypassed)."""
+    q, k, v = qkv()
+    with caplog.at_level(logging.DEBUG, logger="torch_flash_backend"), tfb.enable():
+        for _ in range(3):
+            F.scaled_dot_product_attention(q, k, v)
+    assert len([r for r in caplog.records if "served by" in r.getMessage()]) == 3
+
+
 def _graph_ops(gm):
     return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
 

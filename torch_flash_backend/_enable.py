@@ -8,7 +8,7 @@ takes a decision it cached for the same metadata, or asks
 torch_flash_backend::route_sdpa, whose Python kernel below decides (and hands
 the decision back to the cache). That also catches the calls made from C++
 (nn.MultiheadAttention and nn.TransformerEncoderLayer fast paths). enable()
-itself only pushes onto a thread-local stack, so any number of threads may enter
+itself only sets thread-local state (_mark_routing), so any number of threads may enter
 and leave it while others run SDPA, and no other torch call pays for it.
 torch.compile and torch.export: see _Routing.
 """
@@ -88,6 +88,33 @@ def _route_op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
 
 
 _local = threading.local()
+
+
+# enable()'s state in eager code, which the dispatcher-level switch reads and
+# Dynamo guards on: autocast for IPU on, its dtype saying how calls are routed
+# (csrc/routing.cpp, routing_frame). Each enable() restores what it found.
+_MARK_DEVICE = "ipu"
+_MARK_DTYPES = {(False, False): torch.bfloat16, (True, False): torch.float32, (False, True): torch.float16,
+                (True, True): torch.float64}
+
+
+def _mark_routing(strict: bool, log_each_call: bool) -> None:
+    _marks().append((torch.is_autocast_enabled(_MARK_DEVICE), torch.get_autocast_dtype(_MARK_DEVICE)))
+    torch.set_autocast_enabled(_MARK_DEVICE, True)
+    torch.set_autocast_dtype(_MARK_DEVICE, _MARK_DTYPES[strict, log_each_call])
+
+
+def _unmark_routing() -> None:
+    enabled, dtype = _marks().pop()
+    torch.set_autocast_enabled(_MARK_DEVICE, enabled)
+    torch.set_autocast_dtype(_MARK_DEVICE, dtype)
+
+
+def _marks() -> list:
+    marks = getattr(_local, "marks", None)
+    if marks is None:
+        marks = _local.marks = []
+    return marks
 
 
 def _modes() -> list:
@@ -229,7 +256,7 @@ class enable:
             mode.__enter__()
         else:
             mode = None
-            _ops.routing_push(self.strict, logger.isEnabledFor(logging.DEBUG))
+            _mark_routing(self.strict, logger.isEnabledFor(logging.DEBUG))
         _modes().append(mode)
         _count_active(1)
         return self
@@ -243,7 +270,7 @@ class enable:
         mode = _modes().pop()
         _count_active(-1)
         if mode is None:
-            _ops.routing_pop()
+            _unmark_routing()
         else:
             mode.__exit__(*exc_info)
         return False
