@@ -48,11 +48,11 @@ class _Routing(TorchFunctionMode):
     recompiles: enable() marks itself in state Dynamo guards on
     (csrc/routing.cpp), and AOTAutograd's trace of the graph meets the
     dispatcher-level switch. Where that switch cannot see the call this mode
-    routes it: in a graph Dynamo traces (torch.compile, torch.export with
-    strict=True) it emits route_sdpa, decided when the graph is traced into
-    ATen ops (its tag makes torch.export decompose it too); torch.export keeps
-    aten::scaled_dot_product_attention whole in its graphs, so an SDPA call a
-    non-strict export traces is decided here.
+    routes it: in a graph torch.compile's Dynamo traces it emits route_sdpa,
+    decided when AOTAutograd traces the graph; torch.export keeps
+    aten::scaled_dot_product_attention whole in its graphs, so an SDPA call an
+    export traces is decided here (with strict=True, when the export traces
+    Dynamo's graph: _exported_sdpa).
     """
 
     strict = False
