@@ -132,10 +132,10 @@ def test_deterministic():
 
 @pytest.fixture
 def routed_short(monkeypatch):
-    """enable() routing short queries to the decode family (off by default while it
-    is slower than PyTorch's SDPA on most shapes)."""
+    """enable() routing one-token queries to the decode family too (off by
+    default: PyTorch's SDPA is faster there)."""
     from torch_flash_backend import _router
-    monkeypatch.setattr(_router.probe, "route_short_queries", True)
+    monkeypatch.setattr(_router.probe, "route_single_tokens", True)
 
 
 def test_enable_serves_decode_steps(routed_short):

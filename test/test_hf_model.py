@@ -93,5 +93,5 @@ def test_llama_cuda_routed():
     ids = torch.randint(0, 256, (2, 300), device="cuda")
     check_model(model, ids, tol=2e-2)
     from torch_flash_backend import _router
-    check_generate(model, ids, exact=False, steps_served=_router.probe.route_short_queries and any(
+    check_generate(model, ids, exact=False, steps_served=_router.probe.route_single_tokens and any(
         k.startswith("decode_fwd_bf16") for k in tfb.built_kernels()))

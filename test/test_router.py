@@ -171,14 +171,15 @@ DECODE = testing.registry_kernel_names("decode")
 
 
 def test_short_query_served_by_decode(fake, monkeypatch):
-    """With short queries routed (probe.route_short_queries), below MIN_QUERY_LEN the
-    decode family serves, up to 16 rows per kv head (group heads x query length);
-    the tiled forwards never do, and the backward is sm80's. Unrouted (the
-    default while the kernel is slower than PyTorch's), they fall back."""
+    """Below MIN_QUERY_LEN the decode family serves, up to 16 rows per kv head
+    (group heads x query length); the tiled forwards never do, and the backward
+    is sm80's. One query token falls back by default (PyTorch's SDPA is faster
+    there) and is served with probe.route_single_tokens."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
         assert reason(*qkv(length=1, s=1000)) == _router.DECODE_SLOWER_REASON
+        assert tfb.explain(*qkv(length=2, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert _router.pinned_families(*qkv(length=1)) == (None, None)
-        monkeypatch.setattr(_router.probe, "route_short_queries", True)
+        monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
         d = tfb.explain(*qkv(length=16, requires_grad=True))

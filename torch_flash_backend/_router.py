@@ -25,13 +25,13 @@ MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
-# The decode family is correct everywhere but, measured on an H100, slower than
-# PyTorch's default SDPA in most decode shapes (benchmarks/RESULTS.md, v13):
-# enable() leaves short queries to PyTorch until it is faster (the default of
-# probe.route_short_queries). flash_attn and the ops (family="decode" or None) run it.
-ROUTE_SHORT_QUERIES = False
-DECODE_SLOWER_REASON = ("short query: the decode kernel is slower than PyTorch's SDPA on these shapes "
-                        "(benchmarks/RESULTS.md v13); PyTorch's SDPA serves it")
+# Measured on an H100 (benchmarks/RESULTS.md, v15), the decode family beats
+# PyTorch's SDPA from two query tokens up (1.3-6x at four) but not on one (0.6-0.96x):
+# enable() leaves single tokens to PyTorch (the default of
+# probe.route_single_tokens). flash_attn and the ops (family="decode" or None) run it.
+ROUTE_SINGLE_TOKENS = False
+DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
+                        "(benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
@@ -77,21 +77,21 @@ def _cuda_smem_per_block(index: int) -> int:
 class _Probe:
     """What decide() asks of the machine, and the switches tests turn
     (testing.py): each swap moves `generation`, which the decision caches (here
-    and enable()'s in csrc/routing.cpp) key on. route_short_queries: whether
-    enable() sends queries shorter than MIN_QUERY_LEN to a decode family."""
+    and enable()'s in csrc/routing.cpp) key on. route_single_tokens: whether
+    enable() sends one-token queries to a decode family too."""
 
     generation = 0
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name in ("capability", "smem_per_block", "kernels", "route_short_queries"):
+        if name in ("capability", "smem_per_block", "kernels", "route_single_tokens"):
             self._bump()
 
     def __init__(self):
         self.capability = lambda device: _cuda_capability(device.index if device.index is not None else 0)
         self.smem_per_block = lambda device: _cuda_smem_per_block(device.index if device.index is not None else 0)
         self.kernels = built_kernel_set
-        self.route_short_queries = ROUTE_SHORT_QUERIES
+        self.route_single_tokens = ROUTE_SINGLE_TOKENS
         self._cpu_routes = 0
         self._lock = threading.Lock()
 
@@ -300,7 +300,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing, probe.route_short_queries)
+            detail, broadcast, length, group, routing, probe.route_single_tokens)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
@@ -308,7 +308,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
-            route_short: bool = True) -> Decision:
+            route_single: bool = True) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -323,7 +323,7 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         fwd_kernels = [k for k in fwd_kernels if not k.max_rows or rows <= k.max_rows]
     elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
-        if decoders and not route_short:
+        if decoders and length == 1 and not route_single:
             return _fallback(DECODE_SLOWER_REASON)
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if not fwd_kernels:

@@ -20,10 +20,8 @@ bool visit_fwd(DType dtype, int head_dim, Fn&& fn) {
 bool has_fwd(DType dtype, int head_dim) { return visit_fwd(dtype, head_dim, [](auto, auto) {}); }
 bool can_run_fwd(const AttnFwdParams& params) { return fits(params); }
 size_t fwd_workspace_bytes(const AttnFwdParams& params) { return workspace_bytes(params); }
-// Static shared memory of the larger row cap: Q, each warp's weights and row statistics.
-size_t smem_bytes_fwd(DType, int head_dim) {
-  return sizeof(float) * (size_t(kMaxRows) * head_dim + size_t(kWarps) * kMaxRows * 34);
-}
+// Q and each warp's ring of K and V tiles (decode/config.h).
+size_t smem_bytes_fwd(DType, int head_dim) { return smem_bytes(head_dim); }
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
   return launch_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {

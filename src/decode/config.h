@@ -2,13 +2,32 @@
 // device code share.
 #pragma once
 
+#include <cstddef>
+
 namespace tfb::decode {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMinSplitKeys = 128;  // a split's keys at least: 32 per warp
-constexpr int kLanesPerKey = 4;   // lanes that share one key's dot products
-constexpr int kMaxRows = 16;      // the most rows a CTA serves (src/registry.py's max_rows; api_decode.cu checks)
+constexpr int kTileKeys = 16;       // keys per warp tile (one k16 step of P V)
+constexpr int kMinSplitKeys = 128;  // a split's keys at least: two tiles per warp
+constexpr int kMaxRows = 16;        // rows a CTA serves: one mma tile (src/registry.py's max_rows; api_decode.cu checks)
+
+constexpr int kStages = 3;          // tiles in a warp's ring: two in flight while one is read
+
+// Shared memory of one CTA: Q (16 rows), then each warp's ring of K and V
+// tiles. Rows are padded by 16 bytes so that the eight rows an ldmatrix reads
+// start in different banks.
+constexpr size_t smem_row_elems(int head_dim) { return size_t(head_dim) + 8; }
+constexpr size_t smem_bytes(int head_dim) {
+  return (kMaxRows + size_t(kWarps) * kStages * 2 * kTileKeys) * smem_row_elems(head_dim) * 2;
+}
+
+// CTAs of the decode kernel an SM holds at once (shared memory bounds it).
+inline int ctas_per_sm(int head_dim) {
+  constexpr size_t kSmemPerSm = 228 * 1024, kReservedPerCta = 1024;
+  const size_t fit = kSmemPerSm / (smem_bytes(head_dim) + kReservedPerCta);
+  return fit < 1 ? 1 : (fit > 4 ? 4 : int(fit));
+}
 
 // The query rows of one kv head: row r is query position r / group of q head
 // head_kv * group + r % group.

@@ -2,22 +2,29 @@
 //
 // A CTA per (key split, kv head, batch) serves every query row that reads its
 // kv head: the group's query heads times the query positions ("rows", at most
-// kRows), so each K and V row is read from memory once for all of them.
-// Scores and weights are fp32 on CUDA cores: with a handful of rows a key
-// costs a few dozen warp instructions, less than the memory system takes to
-// deliver its 4E bytes.
-//   1. scores: four lanes per key, each a quarter of the 16-byte chunks of K;
-//   2. online softmax per row over the tile (one warp per row);
-//   3. P V: each warp a quarter of the tile's keys, each lane E / 32 columns.
+// kMaxRows = 16, one mma tile), so each K and V row is read from memory once
+// for all of them. Each warp walks its own quarter of the split, 16 keys a
+// tile, with its own online softmax and no barrier:
+//   - K and V tiles stream into the warp's shared-memory ring with cp.async,
+//     kStages - 1 tiles ahead, so that enough bytes are in flight to keep the
+//     memory system busy (the loads never wait on the math);
+//   - S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16, fp32
+//     accumulators): Q, K and V fragments come from shared memory with
+//     ldmatrix, P stays in registers (the scores' accumulator layout is the
+//     next mma's operand layout).
 // The warps' partial outputs are summed in shared memory at the end, in a
-// fixed order. One split
-// writes the output and lse; several write partials that combine_kernel merges.
+// fixed order. One split writes the output and lse; several write partials
+// that combine_kernel merges.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <cutlass/numeric_types.h>
 
 #include "common/mask.h"
 #include "decode/config.h"
@@ -27,202 +34,257 @@ namespace tfb::decode {
 
 constexpr float kLn2 = 0.69314718055994531f;
 
-// Elements -> float, n of them from 2-byte-aligned memory, as wide as the
-// alignment of n * 2 bytes allows (the caller's offsets are multiples of it).
-template <int kN, class Element>
-__device__ __forceinline__ void load_floats(const Element* src, float* dst) {
-  if constexpr (kN % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < kN; i += 8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(src + i);
-      const Element* e = reinterpret_cast<const Element*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dst[i + j] = float(e[j]);
-    }
-  } else if constexpr (kN % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kN; i += 4) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(src + i);
-      const Element* e = reinterpret_cast<const Element*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) dst[i + j] = float(e[j]);
-    }
-  } else if constexpr (kN % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < kN; i += 2) {
-      const uint32_t raw = *reinterpret_cast<const uint32_t*>(src + i);
-      const Element* e = reinterpret_cast<const Element*>(&raw);
-      dst[i] = float(e[0]);
-      dst[i + 1] = float(e[1]);
-    }
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or zeros when !valid (src is then not read).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a b for one m16n8k16 tile, fp32 accumulators.
+template <class Element>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) dst[i] = float(src[i]);
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
 
-template <int kE, int kRows>
-struct SharedStorage {
-  float q[kRows][kE];                // scaled to log2 units; reused to sum the warps' outputs
-  float s[kWarps][kRows][32];        // each warp's scores, then weights, of its current 32 keys
-  float m[kWarps][kRows], l[kWarps][kRows];
+// Two floats as the packed pair of Elements an mma operand register holds.
+template <class Element>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// The CTA's shared memory, carved from smem_bytes(kE).
+template <int kE>
+struct Smem {
+  static constexpr int kRowElems = int(smem_row_elems(kE));
+  static constexpr int kStages = decode::kStages;
+  static constexpr int kTileElems = kTileKeys * kRowElems;
+  static constexpr int kQElems = kMaxRows * kRowElems;
+  static constexpr int kWarpElems = kStages * 2 * kTileElems;  // K and V per stage
+  static_assert(size_t(kQElems + kWarps * kWarpElems) * 2 == smem_bytes(kE), "the layout is smem_bytes'");
+  // After the main loop the rings hold the merge: row maxima and sums per
+  // warp, and the summed outputs.
+  static_assert(size_t(kWarps) * kMaxRows * 2 * 4 + size_t(kMaxRows) * kE * 4 <= size_t(kWarps * kWarpElems) * 2,
+                "the merge fits in the rings");
 };
 
-template <class Element, int kE, int kRows>
+template <class Element, int kE>
 __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const AttnFwdParams p, const Rows rows,
                                                          const Splits splits) {
-  static_assert(kE % 32 == 0 && kE <= 256, "head dims are multiples of 32, at most 256");
-  constexpr int kChunks = kE / 8 / kLanesPerKey;  // 16-byte chunks of a K row per lane
-  constexpr int kCols = kE / 32;                  // output columns per lane
-  constexpr int kKeysPerStep = 32 / kLanesPerKey;
-  __shared__ __align__(16) SharedStorage<kE, kRows> shared;
+  static_assert(kE % 16 == 0 && kE <= 256, "head dims are multiples of 16, at most 256");
+  using S = Smem<kE>;
+  constexpr int kChunks = kE / 8;      // 16-byte chunks of a row
+  constexpr int kNBlocks = kE / 8;     // output columns in 8-wide mma tiles
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Element* const q_smem = reinterpret_cast<Element*>(smem_raw);
 
   const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, sub = lane % kLanesPerKey;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
   const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
   const int split_begin = split * splits.chunk;
   const int split_end = min(split_begin + splits.chunk, mask.key_end(len_q - 1));
-  // Each warp walks its own quarter of the split, with its own softmax state,
-  // so that no barrier stalls the loads; the quarters merge at the end.
   const int quarter = (max(split_end - split_begin, 0) + kWarps - 1) / kWarps;
   const int key_begin = split_begin + warp * quarter;
   const int key_end = min(key_begin + quarter, split_end);
+  const int tiles = key_end > key_begin ? (key_end - key_begin + kTileKeys - 1) / kTileKeys : 0;
 
-  // Q, scaled so that the scores come out in log2 units; rows past the call's
-  // are zero. Every loop below runs all kRows rows with no branch on the count,
-  // so that the rows' independent FMA chains interleave (a branch per row
-  // serialised them: 0.3 TB/s at 16 rows); the extra rows' results are dropped.
-  for (int i = tid; i < kRows * kE; i += kThreads) {
-    const int r = i / kE, c = i % kE;
-    float value = 0.f;
-    if (r < rows.count) {
-      const Element* q = static_cast<const Element*>(p.q) + int64_t(batch) * p.q_batch_stride +
-                         int64_t(rows.head_q(head_kv, r)) * p.q_head_stride +
-                         int64_t(rows.position(r)) * p.q_row_stride;
-      value = float(q[c]) * p.scale_log2;
-    }
-    shared.q[r][c] = value;
+  // Q: 16 rows, those past the call's zero (their results are dropped).
+  for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = r < rows.count;
+    const Element* src = static_cast<const Element*>(p.q) + int64_t(batch) * p.q_batch_stride +
+                         (valid ? int64_t(rows.head_q(head_kv, r)) * p.q_head_stride +
+                                      int64_t(rows.position(r)) * p.q_row_stride
+                                : 0) +
+                         c * 8;
+    cp_async_16(q_smem + r * S::kRowElems + c * 8, src, valid);
   }
-  float acc[kRows][kCols];
-  float m[kRows], l[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.f;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
-  }
+  cp_async_commit();
+
   const Element* k_head = static_cast<const Element*>(p.k) + int64_t(batch) * p.k_batch_stride +
                           int64_t(head_kv) * p.k_head_stride;
   const Element* v_head = static_cast<const Element*>(p.v) + int64_t(batch) * p.v_batch_stride +
                           int64_t(head_kv) * p.v_head_stride;
-  float(*s)[32] = shared.s[warp];
-  __syncthreads();
-
-  for (int chunk = key_begin; chunk < key_end; chunk += 32) {
-    // 1. Scores of 32 keys: eight a step, four lanes each.
+  Element* const ring = q_smem + S::kQElems + warp * S::kWarpElems;
+  auto k_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems; };
+  auto v_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems + S::kTileElems; };
+  // Tile t's 16 K rows and 16 V rows, keys past the warp's range as zeros (a
+  // zero V row keeps P V finite where P is 0).
+  auto load = [&](int t) {
+    const int key0 = key_begin + t * kTileKeys;
+    Element* const ks = k_tile(t % S::kStages);
+    Element* const vs = v_tile(t % S::kStages);
 #pragma unroll
-    for (int step = 0; step < 32 / kKeysPerStep; ++step) {
-      const int local = step * kKeysPerStep + lane / kLanesPerKey;
-      const int key = chunk + local;
-      const bool live = key < key_end;
-      float k[kChunks * 8];
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j) {
-        const uint4 raw = live ? *reinterpret_cast<const uint4*>(k_head + int64_t(key) * p.k_row_stride +
-                                                                 (j * kLanesPerKey + sub) * 8)
-                               : make_uint4(0, 0, 0, 0);
-        const Element* k8 = reinterpret_cast<const Element*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) k[j * 8 + i] = float(k8[i]);
-      }
-      float dot[kRows];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        dot[r] = 0.f;
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const float4* q4 = reinterpret_cast<const float4*>(&shared.q[r][(j * kLanesPerKey + sub) * 8]);
-          const float4 a = q4[0], b = q4[1];
-          const float* kj = &k[j * 8];
-          dot[r] = fmaf(a.x, kj[0], fmaf(a.y, kj[1], fmaf(a.z, kj[2], fmaf(a.w, kj[3], dot[r]))));
-          dot[r] = fmaf(b.x, kj[4], fmaf(b.y, kj[5], fmaf(b.z, kj[6], fmaf(b.w, kj[7], dot[r]))));
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 1);
-        dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], 2);
-        if (sub == 0) s[r][local] = live && key < mask.key_end(rows.position(r)) ? dot[r] : -INFINITY;
-      }
+    for (int i = lane; i < kTileKeys * kChunks; i += 32) {
+      const int key = i / kChunks, c = i % kChunks;
+      const bool valid = key0 + key < key_end;
+      const int64_t row = valid ? key0 + key : key_begin;
+      cp_async_16(ks + key * S::kRowElems + c * 8, k_head + row * p.k_row_stride + c * 8, valid);
+      cp_async_16(vs + key * S::kRowElems + c * 8, v_head + row * p.v_row_stride + c * 8, valid);
     }
-    __syncwarp();
-
-    // 2. Online softmax over the 32 keys, a lane per key.
+  };
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float x = s[r][lane];
-      float chunk_max = x;
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, o));
-      const float m_new = fmaxf(m[r], chunk_max);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet keeps weights 0
-      const float w = exp2f(x - ref);
-      s[r][lane] = w;
-      float sum = w;
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float correction = exp2f(m[r] - ref);
-      l[r] = l[r] * correction + sum;
-      m[r] = m_new;
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[r][c] *= correction;
-    }
-    __syncwarp();
-
-    // 3. P V: E / 32 columns a lane.
-    const int count = min(32, key_end - chunk);
-#pragma unroll 4
-    for (int local = 0; local < count; ++local) {
-      float v[kCols];
-      load_floats<kCols>(v_head + int64_t(chunk + local) * p.v_row_stride + lane * kCols, v);
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float w = s[r][local];
-#pragma unroll
-        for (int c = 0; c < kCols; ++c) acc[r][c] = fmaf(w, v[c], acc[r][c]);
-      }
-    }
-    __syncwarp();  // the next chunk overwrites s
+  for (int t = 0; t < S::kStages - 1; ++t) {
+    if (t < tiles) load(t);
+    cp_async_commit();
   }
+
+  // The thread's two rows (g, g + 8) of the mma tiles, and its columns' offset.
+  const int g = lane / 4, pair = 2 * (lane % 4);
+  float o[kNBlocks][4];
+#pragma unroll
+  for (int n = 0; n < kNBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's columns only
+  const int key_end_row[2] = {mask.key_end(rows.position(g)), mask.key_end(rows.position(g + 8))};
+  // ldmatrix addresses: lane i names row i % 16 (A) or the matching K/V row.
+  const Element* q_frag = q_smem + (lane % 16) * S::kRowElems + (lane / 16) * 8;
+  const int k_row = (lane % 8) + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;
+  const int v_row = (lane % 8) + ((lane / 8) % 2) * 8, v_col = (lane / 16) * 8;
+
+  cp_async_wait<S::kStages - 1>();  // Q's group, the first committed
+  __syncthreads();                   // Q came through every warp's lanes
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<S::kStages - 2>();
+    __syncwarp();
+    if (t + S::kStages - 1 < tiles) load(t + S::kStages - 1);
+    cp_async_commit();
+    const Element* ks = k_tile(t % S::kStages);
+    const Element* vs = v_tile(t % S::kStages);
+
+    // S = Q K^T: two 8-key tiles.
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kE / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldmatrix_x4(a, q_frag + kk * 16);
+      ldmatrix_x4(b, ks + k_row * S::kRowElems + kk * 16 + k_col);
+      mma<Element>(s[0], a, b[0], b[1]);
+      mma<Element>(s[1], a, b[2], b[3]);
+    }
+
+    // Online softmax, in log2 units; keys past the warp's range or the row's
+    // causal end score -inf.
+    const int key0 = key_begin + t * kTileKeys;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row g, then g + 8
+      float x[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int key = key0 + (j / 2) * 8 + pair + j % 2;
+        const bool live = key < key_end && key < key_end_row[h];
+        x[j] = live ? s[j / 2][2 * h + j % 2] * p.scale_log2 : -INFINITY;
+      }
+      float tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m[h], tile_max);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: weights stay 0
+      const float correction = exp2f(m[h] - ref);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[j] = exp2f(x[j] - ref);
+        sum += x[j];
+        s[j / 2][2 * h + j % 2] = x[j];
+      }
+      l[h] = l[h] * correction + sum;
+      m[h] = m_new;
+#pragma unroll
+      for (int n = 0; n < kNBlocks; ++n) {
+        o[n][2 * h] *= correction;
+        o[n][2 * h + 1] *= correction;
+      }
+    }
+
+    // O += P V: P's accumulator layout is the A operand of one k16 step.
+    const uint32_t a[4] = {pack<Element>(s[0][0], s[0][1]), pack<Element>(s[0][2], s[0][3]),
+                           pack<Element>(s[1][0], s[1][1]), pack<Element>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int n = 0; n < kNBlocks; n += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vs + v_row * S::kRowElems + n * 8 + v_col);
+      mma<Element>(o[n], a, b[0], b[1]);
+      mma<Element>(o[n + 1], a, b[2], b[3]);
+    }
+    __syncwarp();  // the next iteration's load overwrites the stage read two tiles from now
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring: the merge reuses it
 
   // The warps' states merged: each output rescaled to the rows' common max,
-  // then summed in shared memory (Q's buffer, free now) in a fixed order, so
-  // that every run gives the same bits.
-  if (lane == 0) {
+  // then summed in shared memory in a fixed order, so that every run gives
+  // the same bits.
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r >= rows.count) break;
-      shared.m[warp][r] = m[r];
-      shared.l[warp][r] = l[r];
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  float* const shared_m = reinterpret_cast<float*>(q_smem + S::kQElems);  // [kWarps][kMaxRows]
+  float* const shared_l = shared_m + kWarps * kMaxRows;
+  float* const sum = shared_l + kWarps * kMaxRows;  // [kMaxRows][kE]
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      shared_m[warp * kMaxRows + g + 8 * h] = m[h];
+      shared_l[warp * kMaxRows + g + 8 * h] = l[h];
     }
   }
   __syncthreads();
-  float(*sum)[kE] = shared.q;
   for (int w = 0; w < kWarps; ++w) {
     if (warp == w) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (r >= rows.count) break;
+      for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
         float m_all = -INFINITY;
 #pragma unroll
-        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared.m[x][r]);
-        const float scale = m[r] == -INFINITY ? 0.f : exp2f(m[r] - m_all);
+        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kMaxRows + r]);
+        const float scale = m[h] == -INFINITY ? 0.f : exp2f(m[h] - m_all);
 #pragma unroll
-        for (int c = 0; c < kCols; ++c) {
-          float& total = sum[r][lane * kCols + c];
-          total = w == 0 ? acc[r][c] * scale : total + acc[r][c] * scale;
+        for (int n = 0; n < kNBlocks; ++n) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            float& total = sum[r * kE + n * 8 + pair + j];
+            total = w == 0 ? o[n][2 * h + j] * scale : total + o[n][2 * h + j] * scale;
+          }
         }
       }
     }
@@ -233,18 +295,19 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     const int r = i / kE, c = i % kE;
     float m_all = -INFINITY, l_all = 0.f;
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared.m[x][r]);
+    for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kMaxRows + r]);
 #pragma unroll
     for (int x = 0; x < kWarps; ++x) {
-      l_all += shared.m[x][r] == -INFINITY ? 0.f : shared.l[x][r] * exp2f(shared.m[x][r] - m_all);
+      const float mx = shared_m[x * kMaxRows + r];
+      l_all += mx == -INFINITY ? 0.f : shared_l[x * kMaxRows + r] * exp2f(mx - m_all);
     }
     // l_all is 0 for a row that sees no key of this split, NaN where a score was.
-    const float value = l_all == 0.f ? 0.f : sum[r][c] / l_all;
+    const float value = l_all == 0.f ? 0.f : sum[r * kE + c] / l_all;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
     if (splits.count == 1) {
-      Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
-                   int64_t(position) * p.o_row_stride;
-      o[c] = Element(value);
+      Element* o_row = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride +
+                       int64_t(head_q) * p.o_head_stride + int64_t(position) * p.o_row_stride;
+      o_row[c] = Element(value);
     } else {
       const int64_t row = (int64_t(split) * p.batch + batch) * p.heads_q * p.len_q + int64_t(head_q) * p.len_q + position;
       p.split_kv.o_partial[row * kE + c] = value;

@@ -25,12 +25,14 @@ inline bool fits(const AttnFwdParams& p) {
          !p.seqlens.cu_k && !p.seqlens.used_k;
 }
 
-// Enough CTAs for several per SM (more warps in flight hide more memory
-// latency), each with at least kMinSplitKeys keys.
+// Splits so that the CTAs fill the GPU's CTA slots about once (a second,
+// partial wave would leave SMs idle at the end), each with at least
+// kMinSplitKeys keys.
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv;
-  const int64_t wanted = (8 * int64_t(std::max(p.num_sms, 1)) + ctas - 1) / ctas;
+  const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim);
+  const int64_t wanted = std::max<int64_t>(1, slots / ctas);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, 128)));
   const int chunk = (keys + count - 1) / count;

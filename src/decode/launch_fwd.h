@@ -1,5 +1,5 @@
 // Host side of the decode forward: the split count, the launch of the split
-// kernel (row cap 4 or kMaxRows) and, with several splits, of the combine.
+// kernel and, with several splits, of the combine.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,16 +22,12 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   }
   const Rows rows{rows_per_kv_head(p), p.heads_q / p.heads_kv};
   const dim3 grid(splits.count, p.heads_kv, p.batch);
-  // The smallest row count compiled that covers the call's.
-  if (rows.count <= 2) {
-    split_kernel<Element, kHeadDim, 2><<<grid, kThreads, 0, stream>>>(p, rows, splits);
-  } else if (rows.count <= 4) {
-    split_kernel<Element, kHeadDim, 4><<<grid, kThreads, 0, stream>>>(p, rows, splits);
-  } else if (rows.count <= 8) {
-    split_kernel<Element, kHeadDim, 8><<<grid, kThreads, 0, stream>>>(p, rows, splits);
-  } else {
-    split_kernel<Element, kHeadDim, kMaxRows><<<grid, kThreads, 0, stream>>>(p, rows, splits);
-  }
+  constexpr size_t kSmem = smem_bytes(kHeadDim);
+  // Per device: set on every launch (the current device may differ from the last's).
+  cudaError_t err = cudaFuncSetAttribute(split_kernel<Element, kHeadDim>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  if (err != cudaSuccess) return err;
+  split_kernel<Element, kHeadDim><<<grid, kThreads, kSmem, stream>>>(p, rows, splits);
   if (splits.count > 1) {
     const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;
     combine_kernel<Element, kHeadDim><<<unsigned((all_rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
