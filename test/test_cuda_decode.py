@@ -162,6 +162,24 @@ def test_enable_serves_decode_steps(routed_short):
     assert max_err(grad, ref_grad) <= 0.05 * ref_grad.abs().max().item()
 
 
+@pytest.mark.parametrize("length", [2, 4])
+def test_enable_serves_speculative_blocks_by_default(length):
+    """By default enable() sends 2-16 query tokens (speculative decoding blocks)
+    to the decode family, causal as SDPA's top-left rule, and keeps one token
+    for PyTorch's SDPA."""
+    require(torch.bfloat16, 128)
+    q = make_q(2, 32, length, 128, torch.bfloat16)
+    k, v = (make_kv(2, 8, 777, 128, torch.bfloat16, "cache") for _ in range(2))
+
+    def step():
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert testing.launched_families(step) == {"decode"}
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), is_causal=True)
+    assert max_err(step(), ref) <= 2e-2
+    assert not tfb.explain(q[:, :, :1], k, v, enable_gqa=True).served
+
+
 def test_cuda_graph_replay_equals_eager(routed_short):
     """A decode step captured in a CUDA graph (as generation loops are) replays like eager."""
     require(torch.bfloat16, 128)
