@@ -130,11 +130,19 @@ def main(argv=None):
                 ours_t, ours_mem = measure(fn, device, args.reps)
             decisions = list(dict.fromkeys(handler.lines))
             rows.append((name, (out - ref).abs().max().item(), base_t, ours_t, base_mem, ours_mem, decisions))
-        # A generate step: one query token against the cache; shows the decode rule.
+        # Decode steps against the cache: one query token (a generate step) and
+        # four (a speculative block, causal); shows the decode rule, and runs the
+        # block under enable() against PyTorch's SDPA.
         with torch.no_grad():
-            q = torch.randn(batch, heads, 1, hidden // heads, device=device, dtype=dtype)
             kv = torch.randn(batch, kv_heads, length, hidden // heads, device=device, dtype=dtype)
+            q = torch.randn(batch, heads, 1, hidden // heads, device=device, dtype=dtype)
             decode = tfb.explain(q, kv, kv, is_causal=False, enable_gqa=True)
+            q4 = torch.randn(batch, heads, 4, hidden // heads, device=device, dtype=dtype)
+            block = tfb.explain(q4, kv, kv, is_causal=True, enable_gqa=True)
+            ref4 = F.scaled_dot_product_attention(q4, kv, kv, is_causal=True, enable_gqa=True)
+            with tfb.enable():
+                block_diff = (F.scaled_dot_product_attention(q4, kv, kv, is_causal=True, enable_gqa=True)
+                              - ref4).abs().max().item()
     finally:
         log.removeHandler(handler)
         log.setLevel(previous_level)
@@ -151,6 +159,7 @@ def main(argv=None):
         for line in decisions or ["(no SDPA call reached the router)"]:
             print(f"  {name}: {line}")
     print(f"  decode step (q length 1, cache {length}): {decode}")
+    print(f"  speculative block (q length 4, causal, cache {length}): {block}; max |out - PyTorch| {block_diff:.3e}")
     print(f"\nstats: {tfb.stats()}")
 
 
