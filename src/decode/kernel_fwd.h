@@ -3,8 +3,8 @@
 // A CTA per (key split, kv head, batch) serves every query row that reads its
 // kv head: the group's query heads times the query positions ("rows", at most
 // kMaxRows = 16, one mma tile), so each K and V row is read from memory once
-// for all of them. Each warp walks its own quarter of the split, 16 keys a
-// tile, with its own online softmax and no barrier:
+// for all of them. The warps take the split's 16-key tiles in turns, each
+// with its own online softmax and no barrier:
 //   - K and V tiles stream into the warp's shared-memory ring with cp.async,
 //     kStages - 1 tiles ahead, so that enough bytes are in flight to keep the
 //     memory system busy (the loads never wait on the math);
@@ -121,10 +121,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
   const int split_begin = split * splits.chunk;
   const int split_end = min(split_begin + splits.chunk, mask.key_end(len_q - 1));
-  const int quarter = (max(split_end - split_begin, 0) + kWarps - 1) / kWarps;
-  const int key_begin = split_begin + warp * quarter;
-  const int key_end = min(key_begin + quarter, split_end);
-  const int tiles = key_end > key_begin ? (key_end - key_begin + kTileKeys - 1) / kTileKeys : 0;
+  // The warps take the split's tiles in turns (warp w: tiles w, w + kWarps, ...),
+  // so that the CTA's loads sweep its keys front to back together.
+  const int key_end = split_end;
+  const int split_tiles = split_end > split_begin ? (split_end - split_begin + kTileKeys - 1) / kTileKeys : 0;
+  const int tiles = split_tiles > warp ? (split_tiles - warp + kWarps - 1) / kWarps : 0;
+  auto tile_key0 = [&](int t) { return split_begin + (t * kWarps + warp) * kTileKeys; };
 
   // Q: 16 rows, those past the call's zero (their results are dropped).
   for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
@@ -149,14 +151,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   // Tile t's 16 K rows and 16 V rows, keys past the warp's range as zeros (a
   // zero V row keeps P V finite where P is 0).
   auto load = [&](int t) {
-    const int key0 = key_begin + t * kTileKeys;
+    const int key0 = tile_key0(t);
     Element* const ks = k_tile(t % S::kStages);
     Element* const vs = v_tile(t % S::kStages);
 #pragma unroll
     for (int i = lane; i < kTileKeys * kChunks; i += 32) {
       const int key = i / kChunks, c = i % kChunks;
       const bool valid = key0 + key < key_end;
-      const int64_t row = valid ? key0 + key : key_begin;
+      const int64_t row = valid ? key0 + key : split_begin;
       cp_async_16(ks + key * S::kRowElems + c * 8, k_head + row * p.k_row_stride + c * 8, valid);
       cp_async_16(vs + key * S::kRowElems + c * 8, v_head + row * p.v_row_stride + c * 8, valid);
     }
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 
     // Online softmax, in log2 units; keys past the warp's range or the row's
     // causal end score -inf.
-    const int key0 = key_begin + t * kTileKeys;
+    const int key0 = tile_key0(t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // row g, then g + 8
       float x[4];
