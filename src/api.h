@@ -53,7 +53,7 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
 
 namespace decode {
 
-// The split-KV forward for short queries: at most 16 query rows per kv head
+// The split-KV forward for short queries: at most 256 query rows per kv head
 // (the group's heads times the query length), uniform lengths.
 bool has_fwd(DType dtype, int head_dim);
 bool can_run_fwd(const AttnFwdParams& params);

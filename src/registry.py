@@ -27,8 +27,8 @@ class Family:
     stride0_ok: bool               # reads inputs broadcast with stride 0 (expand)
     align_bytes: int               # every row of every input starts on this boundary
     doc: str
-    # Query rows a kv head's CTA serves at most (the group's heads times the query
-    # length); 0: no limit. A family with a limit is the short-query (decode) kind.
+    # Query rows per kv head the family serves at most (the group's heads times the
+    # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
 
 
@@ -38,7 +38,7 @@ FAMILIES = (
         name="decode", passes=("fwd",), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual", nvcc_defines=(),
-        stride0_ok=True, align_bytes=16, max_rows=16,
+        stride0_ok=True, align_bytes=16, max_rows=256,
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(

@@ -65,7 +65,8 @@ def check(b, hq, hkv, length, s, e, dtype, causal, layout, scale=None):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("e", (32, 64, 96, 128, 192, 256))
-@pytest.mark.parametrize("group,length", [(1, 1), (4, 1), (8, 1), (16, 1), (4, 4), (1, 16), (2, 3)])
+@pytest.mark.parametrize("group,length", [(1, 1), (4, 1), (8, 1), (16, 1), (4, 4), (1, 16), (2, 3),
+                                          (4, 16), (8, 3), (32, 1), (16, 16)])
 def test_shapes(dtype, e, group, length):
     require(dtype, e)
     torch.manual_seed(e + 7 * group + length)

@@ -173,7 +173,7 @@ DECODE = testing.registry_kernel_names("decode")
 
 
 def test_short_query_served_by_decode(fake, monkeypatch):
-    """Below MIN_QUERY_LEN the decode family serves, up to 16 rows per kv head
+    """Below MIN_QUERY_LEN the decode family serves, up to 256 rows per kv head
     (group heads x query length); the tiled forwards never do, and the backward
     is sm80's. One query token falls back by default (PyTorch's SDPA is faster
     there) and is served with probe.route_single_tokens."""
@@ -187,9 +187,11 @@ def test_short_query_served_by_decode(fake, monkeypatch):
         d = tfb.explain(*qkv(length=16, requires_grad=True))
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         assert d.family == "decode" and d.backward_family == "sm80"
-        assert reason(*qkv(hq=16, hkv=2, length=4), enable_gqa=True) == (
-            "short query with 32 query rows per KV head (group heads x query length); the decode kernel serves "
-            "at most 16 and PyTorch's SDPA serves it faster than the tiled forwards")
+        assert tfb.explain(*qkv(hq=16, hkv=2, length=4), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
+        assert "past 32 the decode kernel" in reason(*qkv(hq=16, hkv=2, length=16), enable_gqa=True)
+        assert reason(*qkv(hq=64, hkv=2, length=16), enable_gqa=True) == (
+            "short query with 512 query rows per KV head (group heads x query length); the decode kernel serves "
+            "at most 256 and PyTorch's SDPA serves it faster than the tiled forwards")
         assert tfb.explain(*qkv(length=17)).kernel == "sm90_fwd_bf16_hdim64"
         with testing.kernel_families("sm80", "sm90"):
             assert reason(*qkv(length=1)) == _router.DECODE_REASON
@@ -197,7 +199,8 @@ def test_short_query_served_by_decode(fake, monkeypatch):
             assert _router.pinned_families(*qkv(length=1)) == ("sm90", None)
         with testing.kernel_families("decode", "sm80"):
             assert _router.pinned_families(*qkv(length=1)) == ("decode", None)
-            assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4)) == ("sm80", None)
+            assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4)) == ("decode", None)
+            assert _router.pinned_families(*qkv(hq=64, hkv=2, length=16)) == ("sm80", None)
 
 
 def test_backward_not_built(fake):

@@ -31,9 +31,9 @@ class Kernel(str):
     """A compiled kernel instantiation: its name ("sm80_fwd_bf16_hdim128", what it
     compares equal to) with the registry's fields (src/registry.py): family,
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
-    max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows a kv
-    head's CTA serves at most, the group's heads times the query length; 0: no
-    limit), smem_bytes."""
+    max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
+    head the family serves at most, the group's heads times the query length; 0:
+    no limit), smem_bytes."""
 
     family: str
     pass_: str

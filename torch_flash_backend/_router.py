@@ -30,6 +30,11 @@ DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA s
 # enable() leaves single tokens to PyTorch (the default of
 # probe.route_single_tokens). flash_attn and the ops (family="decode" or None) run it.
 ROUTE_SINGLE_TOKENS = False
+# The decode family serves up to its registry max_rows query rows per kv head,
+# a CTA per 16-row tile, each reading the keys again (from L2 at best); past
+# two tiles that costs more than PyTorch's SDPA at batch 8 (RESULTS.md v15),
+# so enable() sends it at most this many.
+ROUTE_MAX_DECODE_ROWS = 32
 DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
                         "(benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -326,6 +331,10 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         if decoders and length == 1 and not route_single:
             return _fallback(DECODE_SLOWER_REASON)
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
+        if fwd_kernels and rows > ROUTE_MAX_DECODE_ROWS:
+            return _fallback(f"short query with {rows} query rows per KV head (group heads x query length): past "
+                             f"{ROUTE_MAX_DECODE_ROWS} the decode kernel reads the keys once per 16 rows and is slower "
+                             f"than PyTorch's SDPA (benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
         if not fwd_kernels:
             if not decoders:
                 return _fallback(DECODE_REASON)

@@ -10,16 +10,17 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileKeys = 16;       // keys per warp tile (one k16 step of P V)
 constexpr int kMinSplitKeys = 128;  // a split's keys at least: two tiles per warp
-constexpr int kMaxRows = 16;        // rows a CTA serves: one mma tile (src/registry.py's max_rows; api_decode.cu checks)
+constexpr int kTileRows = 16;       // query rows a CTA serves: one mma tile
+constexpr int kMaxRows = 256;       // rows per kv head at most, a CTA per tile of 16 (src/registry.py's max_rows; api_decode.cu checks)
 
 constexpr int kStages = 3;          // tiles in a warp's ring: two in flight while one is read
 
-// Shared memory of one CTA: Q (16 rows), then each warp's ring of K and V
+// Shared memory of one CTA: Q (its 16 rows), then each warp's ring of K and V
 // tiles. Rows are padded by 16 bytes so that the eight rows an ldmatrix reads
 // start in different banks.
 constexpr size_t smem_row_elems(int head_dim) { return size_t(head_dim) + 8; }
 constexpr size_t smem_bytes(int head_dim) {
-  return (kMaxRows + size_t(kWarps) * kStages * 2 * kTileKeys) * smem_row_elems(head_dim) * 2;
+  return (kTileRows + size_t(kWarps) * kStages * 2 * kTileKeys) * smem_row_elems(head_dim) * 2;
 }
 
 // CTAs of the decode kernel an SM holds at once (shared memory bounds it).
@@ -33,6 +34,7 @@ inline int ctas_per_sm(int head_dim) {
 // head_kv * group + r % group.
 struct Rows {
   int count, group;
+  __host__ __device__ int tiles() const { return (count + kTileRows - 1) / kTileRows; }
   __host__ __device__ int position(int r) const { return r / group; }
   __host__ __device__ int head_q(int head_kv, int r) const { return head_kv * group + r % group; }
 };

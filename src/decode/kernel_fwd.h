@@ -1,9 +1,10 @@
 // The decode forward: split-KV attention for short queries (FlashDecoding).
 //
-// A CTA per (key split, kv head, batch) serves every query row that reads its
-// kv head: the group's query heads times the query positions ("rows", at most
-// kMaxRows = 16, one mma tile), so each K and V row is read from memory once
-// for all of them. The warps take the split's 16-key tiles in turns, each
+// A CTA per (key split, row tile, kv head, batch) serves 16 of the query rows
+// that read its kv head (the group's query heads times the query positions:
+// "rows", one mma tile), so each K and V row is read from memory once for all
+// of them; with more rows, the tiles' CTAs are adjacent in the grid and read
+// the same keys at about the same time, from L2 after the first. The warps take the split's 16-key tiles in turns, each
 // with its own online softmax and no barrier:
 //   - K and V tiles stream into the warp's shared-memory ring with cp.async,
 //     kStages - 1 tiles ahead, so that enough bytes are in flight to keep the
@@ -96,12 +97,12 @@ struct Smem {
   static constexpr int kRowElems = int(smem_row_elems(kE));
   static constexpr int kStages = decode::kStages;
   static constexpr int kTileElems = kTileKeys * kRowElems;
-  static constexpr int kQElems = kMaxRows * kRowElems;
+  static constexpr int kQElems = kTileRows * kRowElems;
   static constexpr int kWarpElems = kStages * 2 * kTileElems;  // K and V per stage
   static_assert(size_t(kQElems + kWarps * kWarpElems) * 2 == smem_bytes(kE), "the layout is smem_bytes'");
   // After the main loop the rings hold the merge: row maxima and sums per
   // warp, and the summed outputs.
-  static_assert(size_t(kWarps) * kMaxRows * 2 * 4 + size_t(kMaxRows) * kE * 4 <= size_t(kWarps * kWarpElems) * 2,
+  static_assert(size_t(kWarps) * kTileRows * 2 * 4 + size_t(kTileRows) * kE * 4 <= size_t(kWarps * kWarpElems) * 2,
                 "the merge fits in the rings");
 };
 
@@ -115,12 +116,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* const q_smem = reinterpret_cast<Element*>(smem_raw);
 
-  const int split = blockIdx.x, head_kv = blockIdx.y, batch = blockIdx.z;
+  const int split = blockIdx.x / rows.tiles(), head_kv = blockIdx.y, batch = blockIdx.z;
+  const int row0 = blockIdx.x % rows.tiles() * kTileRows;  // this CTA's first row
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
   const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
   const int split_begin = split * splits.chunk;
-  const int split_end = min(split_begin + splits.chunk, mask.key_end(len_q - 1));
+  const int last_row = min(row0 + kTileRows, rows.count) - 1;
+  const int split_end = min(split_begin + splits.chunk, mask.key_end(rows.position(last_row)));
   // The warps take the split's tiles in turns (warp w: tiles w, w + kWarps, ...),
   // so that the CTA's loads sweep its keys front to back together.
   const int key_end = split_end;
@@ -129,15 +132,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   auto tile_key0 = [&](int t) { return split_begin + (t * kWarps + warp) * kTileKeys; };
 
   // Q: 16 rows, those past the call's zero (their results are dropped).
-  for (int i = tid; i < kMaxRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = tid; i < kTileRows * kChunks; i += kThreads) {
+    const int r = row0 + i / kChunks, c = i % kChunks;
     const bool valid = r < rows.count;
     const Element* src = static_cast<const Element*>(p.q) + int64_t(batch) * p.q_batch_stride +
                          (valid ? int64_t(rows.head_q(head_kv, r)) * p.q_head_stride +
                                       int64_t(rows.position(r)) * p.q_row_stride
                                 : 0) +
                          c * 8;
-    cp_async_16(q_smem + r * S::kRowElems + c * 8, src, valid);
+    cp_async_16(q_smem + (r - row0) * S::kRowElems + c * 8, src, valid);
   }
   cp_async_commit();
 
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
   for (int n = 0; n < kNBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's columns only
-  const int key_end_row[2] = {mask.key_end(rows.position(g)), mask.key_end(rows.position(g + 8))};
+  const int key_end_row[2] = {mask.key_end(rows.position(row0 + g)), mask.key_end(rows.position(row0 + g + 8))};
   // ldmatrix addresses: lane i names row i % 16 (A) or the matching K/V row.
   const Element* q_frag = q_smem + (lane % 16) * S::kRowElems + (lane / 16) * 8;
   const int k_row = (lane % 8) + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;
@@ -260,14 +263,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
-  float* const shared_m = reinterpret_cast<float*>(q_smem + S::kQElems);  // [kWarps][kMaxRows]
-  float* const shared_l = shared_m + kWarps * kMaxRows;
-  float* const sum = shared_l + kWarps * kMaxRows;  // [kMaxRows][kE]
+  float* const shared_m = reinterpret_cast<float*>(q_smem + S::kQElems);  // [kWarps][kTileRows]
+  float* const shared_l = shared_m + kWarps * kTileRows;
+  float* const sum = shared_l + kWarps * kTileRows;  // [kTileRows][kE]
   if (lane % 4 == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      shared_m[warp * kMaxRows + g + 8 * h] = m[h];
-      shared_l[warp * kMaxRows + g + 8 * h] = l[h];
+      shared_m[warp * kTileRows + g + 8 * h] = m[h];
+      shared_l[warp * kTileRows + g + 8 * h] = l[h];
     }
   }
   __syncthreads();
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
         const int r = g + 8 * h;
         float m_all = -INFINITY;
 #pragma unroll
-        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kMaxRows + r]);
+        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kTileRows + r]);
         const float scale = m[h] == -INFINITY ? 0.f : exp2f(m[h] - m_all);
 #pragma unroll
         for (int n = 0; n < kNBlocks; ++n) {
@@ -293,18 +296,18 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     __syncthreads();
   }
 
-  for (int i = tid; i < rows.count * kE; i += kThreads) {
-    const int r = i / kE, c = i % kE;
+  for (int i = tid; i < (last_row + 1 - row0) * kE; i += kThreads) {
+    const int t = i / kE, c = i % kE, r = row0 + t;
     float m_all = -INFINITY, l_all = 0.f;
 #pragma unroll
-    for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kMaxRows + r]);
+    for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kTileRows + t]);
 #pragma unroll
     for (int x = 0; x < kWarps; ++x) {
-      const float mx = shared_m[x * kMaxRows + r];
-      l_all += mx == -INFINITY ? 0.f : shared_l[x * kMaxRows + r] * exp2f(mx - m_all);
+      const float mx = shared_m[x * kTileRows + t];
+      l_all += mx == -INFINITY ? 0.f : shared_l[x * kTileRows + t] * exp2f(mx - m_all);
     }
     // l_all is 0 for a row that sees no key of this split, NaN where a score was.
-    const float value = l_all == 0.f ? 0.f : sum[r * kE + c] / l_all;
+    const float value = l_all == 0.f ? 0.f : sum[t * kE + c] / l_all;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
     if (splits.count == 1) {
       Element* o_row = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride +

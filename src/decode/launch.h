@@ -30,7 +30,7 @@ inline bool fits(const AttnFwdParams& p) {
 // kMinSplitKeys keys.
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
-  const int64_t ctas = int64_t(p.batch) * p.heads_kv;
+  const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
   const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim);
   const int64_t wanted = std::max<int64_t>(1, slots / ctas);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;

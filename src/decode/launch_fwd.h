@@ -21,7 +21,7 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
     p.split_kv = {splits.count, static_cast<float*>(p.workspace), static_cast<float*>(p.workspace) + rows * kHeadDim};
   }
   const Rows rows{rows_per_kv_head(p), p.heads_q / p.heads_kv};
-  const dim3 grid(splits.count, p.heads_kv, p.batch);
+  const dim3 grid(unsigned(splits.count * rows.tiles()), p.heads_kv, p.batch);
   constexpr size_t kSmem = smem_bytes(kHeadDim);
   // Per device: set on every launch (the current device may differ from the last's).
   cudaError_t err = cudaFuncSetAttribute(split_kernel<Element, kHeadDim>,
