@@ -201,6 +201,7 @@ def test_short_query_served_by_decode(fake, monkeypatch):
             assert _router.pinned_families(*qkv(length=1)) == ("decode", None)
             assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4)) == ("decode", None)
             assert _router.pinned_families(*qkv(hq=64, hkv=2, length=16)) == ("sm80", None)
+            assert _router.pinned_families(*qkv(length=64)) == ("sm80", None)  # 64 rows, but not a short query
 
 
 def test_backward_not_built(fake):

@@ -325,7 +325,8 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
     rows = group * length
     if not routing:
-        fwd_kernels = [k for k in fwd_kernels if not k.max_rows or rows <= k.max_rows]
+        # A decode family serves short queries alone (its kernels refuse longer ones).
+        fwd_kernels = [k for k in fwd_kernels if not k.max_rows or (length < MIN_QUERY_LEN and rows <= k.max_rows)]
     elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
         if decoders and length == 1 and not route_single:

@@ -10,6 +10,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileKeys = 16;       // keys per warp tile (one k16 step of P V)
 constexpr int kMinSplitKeys = 128;  // a split's keys at least: two tiles per warp
+constexpr int kMaxQueryLen = 16;    // short queries only: longer ones are the tiled forwards' (the router's MIN_QUERY_LEN - 1)
 constexpr int kTileRows = 16;       // query rows a CTA serves: one mma tile
 constexpr int kMaxRows = 256;       // rows per kv head at most, a CTA per tile of 16 (src/registry.py's max_rows; api_decode.cu checks)
 

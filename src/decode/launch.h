@@ -20,7 +20,8 @@ namespace tfb::decode {
 inline int rows_per_kv_head(const AttnFwdParams& p) { return p.heads_q / p.heads_kv * p.len_q; }
 
 inline bool fits(const AttnFwdParams& p) {
-  return p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_k >= 1 && p.batch >= 1 &&
+  return p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_q <= kMaxQueryLen &&
+         p.len_k >= 1 && p.batch >= 1 &&
          rows_per_kv_head(p) <= kMaxRows && p.heads_kv <= 65535 && p.batch <= 65535 && !p.seqlens.cu_q &&
          !p.seqlens.cu_k && !p.seqlens.used_k;
 }
