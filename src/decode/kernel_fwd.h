@@ -126,7 +126,6 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   const int split_end = min(split_begin + splits.chunk, mask.key_end(rows.position(last_row)));
   // The warps take the split's tiles in turns (warp w: tiles w, w + kWarps, ...),
   // so that the CTA's loads sweep its keys front to back together.
-  const int key_end = split_end;
   const int split_tiles = split_end > split_begin ? (split_end - split_begin + kTileKeys - 1) / kTileKeys : 0;
   const int tiles = split_tiles > warp ? (split_tiles - warp + kWarps - 1) / kWarps : 0;
   auto tile_key0 = [&](int t) { return split_begin + (t * kWarps + warp) * kTileKeys; };
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   Element* const ring = q_smem + S::kQElems + warp * S::kWarpElems;
   auto k_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems; };
   auto v_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems + S::kTileElems; };
-  // Tile t's 16 K rows and 16 V rows, keys past the warp's range as zeros (a
+  // Tile t's 16 K rows and 16 V rows, keys past the split's end as zeros (a
   // zero V row keeps P V finite where P is 0).
   auto load = [&](int t) {
     const int key0 = tile_key0(t);
@@ -160,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
     for (int i = lane; i < kTileKeys * kChunks; i += 32) {
       const int key = i / kChunks, c = i % kChunks;
-      const bool valid = key0 + key < key_end;
+      const bool valid = key0 + key < split_end;
       const int64_t row = valid ? key0 + key : split_begin;
       cp_async_16(ks + key * S::kRowElems + c * 8, k_head + row * p.k_row_stride + c * 8, valid);
       cp_async_16(vs + key * S::kRowElems + c * 8, v_head + row * p.v_row_stride + c * 8, valid);
@@ -206,7 +205,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       mma<Element>(s[1], a, b[2], b[3]);
     }
 
-    // Online softmax, in log2 units; keys past the warp's range or the row's
+    // Online softmax, in log2 units; keys past the split's end or the row's
     // causal end score -inf.
     const int key0 = tile_key0(t);
 #pragma unroll
@@ -215,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int key = key0 + (j / 2) * 8 + pair + j % 2;
-        const bool live = key < key_end && key < key_end_row[h];
+        const bool live = key < split_end && key < key_end_row[h];
         x[j] = live ? s[j / 2][2 * h + j % 2] * p.scale_log2 : -INFINITY;
       }
       float tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
