@@ -131,6 +131,10 @@ bool plain(const at::Tensor& t) {
 std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
                           bool is_causal, bool enable_gqa) {
   if (!plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  // Inputs on other devices or of other dtypes are decided afresh (they fall back).
+  if (k.device() != q.device() || v.device() != q.device() || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type())
+    return std::nullopt;
   Key key;
   std::memset(&key, 0, sizeof(key));  // padding takes part in == and the hash
   const at::Tensor* ts[3] = {&q, &k, &v};
@@ -149,10 +153,6 @@ std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   key.device_type = static_cast<int32_t>(q.device().type());
   key.device_index = q.device().index();
   key.flags = int32_t(is_causal) | int32_t(enable_gqa) << 1 | int32_t(needs_grad) << 2;
-  // Inputs on other devices or of other dtypes are decided afresh (they fall back).
-  if (k.device() != q.device() || v.device() != q.device() || k.scalar_type() != q.scalar_type() ||
-      v.scalar_type() != q.scalar_type())
-    return std::nullopt;
   return key;
 }
 
@@ -247,8 +247,8 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
       if (!entry.served) {
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
       }
-      const Entry chosen = entry;  // the cache may be emptied by another call's miss while this one runs
-      return serve(query, key, value, is_causal, scale, chosen, (cache_key->flags & 4) != 0);
+      // The fwd op never reaches this switch again, so the entry outlives the call.
+      return serve(query, key, value, is_causal, scale, entry, (cache_key->flags & 4) != 0);
     }
   }
   // The decision (torch_flash_backend/_enable.py) is a Python kernel of this op;

@@ -10,14 +10,9 @@
 namespace tfb {
 namespace decode {
 
-namespace {
-template <typename Fn>
-bool visit_fwd(DType dtype, int head_dim, Fn&& fn) {
-  return visit_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, head_dim, fn);
+bool has_fwd(DType dtype, int head_dim) {
+  return visit_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, head_dim, [](auto, auto) {});
 }
-}  // namespace
-
-bool has_fwd(DType dtype, int head_dim) { return visit_fwd(dtype, head_dim, [](auto, auto) {}); }
 bool can_run_fwd(const AttnFwdParams& params) { return fits(params); }
 size_t fwd_workspace_bytes(const AttnFwdParams& params) { return workspace_bytes(params); }
 // Q and each warp's ring of K and V tiles (decode/config.h).
