@@ -343,6 +343,29 @@ def test_exported_program_calls_our_op(exported):
     assert_routed(exported.ep.graph_module, ["torch_flash_backend.fwd.default"])
 
 
+FIRST_CALL_EXPORTED = """
+import contextlib, sys, torch
+sys.path.insert(0, sys.argv[2])
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
+from test_graph_capture import make_model
+device = sys.argv[1]
+model, x = make_model(device)
+with testing.route_cpu() if device == "cpu" else contextlib.nullcontext():
+    ep = torch.export.export(tfb.enable(strict=True)(model), (x,))
+print(sorted({str(n.target) for n in ep.graph.nodes if "torch_flash_backend" in str(n.target)}))
+"""
+
+
+def test_export_as_the_first_routed_call(device):
+    # In a fresh process the router's first look at the library happens inside
+    # the trace; it must not record (or fail on) the ops that describe the build.
+    result = subprocess.run([sys.executable, "-c", FIRST_CALL_EXPORTED, device, os.path.dirname(__file__)],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip().endswith("['torch_flash_backend.fwd.default']"), result.stdout
+
+
 def test_exported_graph(exported):
     expecttest.assert_expected_inline(graph_text(exported.ep.graph_module), """\
 class GraphModule(torch.nn.Module):

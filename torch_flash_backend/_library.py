@@ -1,5 +1,4 @@
 """Loads the op library once; everything else in the package goes through the ops it registers."""
-import functools
 import os
 
 import torch
@@ -63,15 +62,21 @@ class Kernel(str):
         return self.min_cc <= cc and (self.max_cc == 0 or cc <= self.max_cc)
 
 
+# Read once, at import: the registry is fixed when the library is built, and
+# these ops return strings, which a trace (torch.export, make_fx) that made
+# the first routed call could not record.
+_FAMILY_LIMITS = dict(line.split(" ", 1) for line in torch.ops.torch_flash_backend.kernel_families())
+_BUILT_KERNELS = frozenset(Kernel.parse(line) for line in torch.ops.torch_flash_backend.built_kernels())
+
+
 def family_limits() -> dict[str, str]:
     """Family name -> its limits as "key=value ..." (the registry's, built or not),
     in the router's order of preference."""
-    return dict(line.split(" ", 1) for line in torch.ops.torch_flash_backend.kernel_families())
+    return dict(_FAMILY_LIMITS)
 
 
-@functools.cache
 def built_kernel_set() -> frozenset[Kernel]:
-    return frozenset(Kernel.parse(line) for line in torch.ops.torch_flash_backend.built_kernels())
+    return _BUILT_KERNELS
 
 
 def built_kernels() -> list[Kernel]:
