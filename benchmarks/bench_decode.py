@@ -2,15 +2,20 @@
 
     python benchmarks/bench_decode.py                 # the grid below, markdown table
     python benchmarks/bench_decode.py --batch 8 --lens 1024,65536 --queries 1
+    python benchmarks/bench_decode.py --mask cache --used 0.5 --heads 16,16   # a static cache's mask
 
 bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
-the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask. Each
+the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask, or with
+--mask cache a boolean (B, 1, L, S) mask over a cache in use up to --used of its
+length (causal within the query block), as a static cache's generation step
+passes it (Hugging Face repeats K/V to Hq heads itself then: --heads 16,16). Each
 backend's call is captured ten times in a CUDA graph and the graph replayed, so
 the times are the GPU's alone (a decode step's attention takes microseconds,
 less than the host needs to issue it; generation loops replay graphs too).
 Backends take turns, one replay each per round; medians.
 
-Columns: µs per call; TB/s of K and V read once (2·B·Hkv·S·E·2 bytes) for the
+Columns: µs per call; TB/s of K and V read once (2·B·Hkv·S·E·2 bytes; with a
+mask, of the keys in use alone) for the
 decode kernel and for the fastest of PyTorch's; default's time over decode's.
 "decode" is our decode family's kernel (the op with family="decode"); "enable()"
 is F.scaled_dot_product_attention under enable(), whatever the router chose
@@ -33,21 +38,29 @@ BACKENDS = ("decode", "enable()", "default", "flash", "cudnn", "efficient")
 CALLS_PER_GRAPH = 10
 
 
-def call_for(backend, q, k, v):
+def call_for(backend, q, k, v, mask):
+    gqa = q.size(1) != k.size(1)
     if backend == "decode":
-        return lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, False, "decode")[0]
+        return lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, False, "decode", attn_mask=mask)[0]
     if backend == "enable()":
         def routed():
             with tfb.enable():
-                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return routed
     if backend == "default":
-        return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
     def pinned():
         with sdpa_kernel(PINNED[backend]):
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return pinned
+
+
+def cache_mask(b, length, s, used):
+    """(B, 1, L, S): keys [0, used - L + i] visible to query row i."""
+    keys = torch.arange(s, device="cuda")
+    rows = torch.arange(length, device="cuda")
+    return (keys[None, None, None, :] <= (used - length + rows)[None, None, :, None]).expand(b, 1, length, s)
 
 
 def graph_of(fn):
@@ -92,9 +105,12 @@ def main():
     parser.add_argument("--heads", default="32,8", help="Hq,Hkv")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--max-gb", type=float, default=8.0, help="skip shapes whose K+V exceed this")
+    parser.add_argument("--mask", choices=("none", "cache"), default="none")
+    parser.add_argument("--used", type=float, default=1.0, help="with --mask cache: the share of the cache in use")
     args = parser.parse_args()
     hq, hkv = map(int, args.heads.split(","))
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, mask {args.mask}"
+          + (f" (cache in use: {args.used:.0%})" if args.mask == "cache" else ""))
     print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in BACKENDS) + " | decode TB/s | best PyTorch TB/s | "
           "default / decode | enable() runs |")
     print("|" + "---|" * (len(BACKENDS) + 8))
@@ -102,14 +118,16 @@ def main():
         for b in map(int, args.batch.split(",")):
             for length in map(int, args.queries.split(",")):
                 for s in map(int, args.lens.split(",")):
-                    kv_bytes = 2 * b * hkv * s * e * 2
-                    if kv_bytes > args.max_gb * 1e9:
+                    if 2 * b * hkv * s * e * 2 > args.max_gb * 1e9:
                         continue
+                    used = max(length, round(s * args.used)) if args.mask == "cache" else s
+                    kv_bytes = 2 * b * hkv * used * e * 2
+                    mask = cache_mask(b, length, s, used) if args.mask == "cache" else None
                     torch.manual_seed(0)
                     q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                     k = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
                     v = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
-                    graphs = {name: graph_of(call_for(name, q, k, v)) for name in BACKENDS}
+                    graphs = {name: graph_of(call_for(name, q, k, v, mask)) for name in BACKENDS}
                     us = time_graphs({n: g for n, g in graphs.items() if g is not None}, args.rounds)
                     cells = [f"{us[n]:.1f}" if n in us else "-" for n in BACKENDS]
                     tbs = lambda t: f"{kv_bytes / (t * 1e-6) / 1e12:.2f}"
@@ -118,7 +136,7 @@ def main():
                     cells.append(tbs(decode) if decode else "-")
                     cells.append(tbs(best) if best else "-")
                     cells.append(f"{us['default'] / decode:.2f}" if decode and "default" in us else "-")
-                    cells.append(str(tfb.explain(q, k, v, enable_gqa=True)))
+                    cells.append(str(tfb.explain(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)))
                     print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
                     del graphs, q, k, v
                     torch.cuda.empty_cache()

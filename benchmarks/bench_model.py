@@ -8,6 +8,11 @@ Rows (median ms of --reps runs, the two variants in turns):
   train step  forward + backward + AdamW step, batch 2, sequence --train-len
   prefill     one forward over a --prompt-len prompt (batch 1), no grad
   generate    model.generate, greedy, --new-tokens after the prompt (default dynamic cache)
+  static      model.generate with a static cache, batch --static-batch, for each of --static-prompts:
+              Hugging Face's fast path (it compiles the decode step with torch.compile's
+              "reduce-overhead" mode, so each step replays a CUDA graph; the step passes a
+              boolean mask over the whole cache). Rows: the whole generate, and one decode
+              step, (time of --new-tokens minus time of one) / (--new-tokens - 1).
 Then the largest |logit| difference of the prefill, and the share of one decode
 step's GPU time spent in attention kernels (profiler; kernels whose names hold
 "attention", "flash", "fmha" or our families' namespaces).
@@ -77,6 +82,38 @@ def attention_share(model, prompt):
     return attention / total if total else float("nan"), total
 
 
+def static_rows(model, batch, length, new_tokens, reps):
+    """The static-cache generate of `new_tokens` and of one token, with and
+    without enable(); rows for the whole run and for one decode step."""
+    prompt = torch.randint(0, 32000, (batch, length), device="cuda")
+
+    def generate(n):
+        def run():
+            with torch.no_grad():
+                return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      cache_implementation="static")
+        return run
+    long = in_turns(variants(generate(new_tokens)), reps)
+    short = in_turns(variants(generate(1)), reps)
+    step = {name: (long[name] - short[name]) / (new_tokens - 1) for name in long}
+    compiled = "compiled" if getattr(model, "_compiled_call", None) is not None else "not compiled"
+    # Which attention kernels the enable() run launched (compiled graphs call the
+    # ops without asking the router again, so stats() cannot say).
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, tfb.enable():
+        generate(new_tokens)()
+        torch.cuda.synchronize()
+    names = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA and any(s in e.name for s in ATTENTION_KERNELS):
+            short_name = e.name.split("<")[0].split("(")[0][-60:]
+            names[short_name] = names.get(short_name, 0) + 1
+    print(f"static cache, prompt {length}: attention kernels of an enable() generate: {names}")
+    return [(f"static generate ({compiled})", f"{batch} x {new_tokens} tokens after {length}", long),
+            ("static decode step", f"batch {batch}, cache {length + new_tokens}", step)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=2048)
@@ -87,42 +124,53 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--rows", default="train,prefill,generate,static", help="which rows to run")
+    parser.add_argument("--static-prompts", default="1024,4096", help="prompt lengths of the static-cache rows")
+    parser.add_argument("--static-batch", type=int, default=8)
     args = parser.parse_args()
+    wanted = set(args.rows.split(","))
     model = build(args)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; Llama hidden {args.hidden}, {args.heads} heads, "
           f"{args.kv_heads} KV heads, {args.layers} layers, bf16")
     rows = []
 
-    ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    if "train" in wanted:
+        ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-    def train_step():
-        optimizer.zero_grad(set_to_none=True)
-        model(ids, labels=ids).loss.backward()
-        optimizer.step()
-    rows.append(("train step", f"batch 2 x {args.train_len}", in_turns(variants(train_step), args.reps)))
-    del optimizer
-    model.zero_grad(set_to_none=True)
-    torch.cuda.empty_cache()
+        def train_step():
+            optimizer.zero_grad(set_to_none=True)
+            model(ids, labels=ids).loss.backward()
+            optimizer.step()
+        rows.append(("train step", f"batch 2 x {args.train_len}", in_turns(variants(train_step), args.reps)))
+        del optimizer
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
 
     prompt = torch.randint(0, 32000, (1, args.prompt_len), device="cuda")
 
     def prefill():
         with torch.no_grad():
             return model(prompt).logits
-    rows.append(("prefill", f"1 x {args.prompt_len}", in_turns(variants(prefill), args.reps)))
+    if "prefill" in wanted:
+        rows.append(("prefill", f"1 x {args.prompt_len}", in_turns(variants(prefill), args.reps)))
 
     def generate():
         with torch.no_grad():
             return model.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                   do_sample=False)
-    rows.append(("generate", f"{args.new_tokens} tokens after {args.prompt_len}", in_turns(variants(generate),
-                                                                                      args.reps)))
+    if "generate" in wanted:
+        rows.append(("generate", f"{args.new_tokens} tokens after {args.prompt_len}",
+                     in_turns(variants(generate), args.reps)))
+
+    if "static" in wanted:
+        for length in (int(x) for x in args.static_prompts.split(",") if x):
+            rows += static_rows(model, args.static_batch, length, args.new_tokens, args.reps)
 
     print("| row | shape | PyTorch ms | enable() ms | speedup |")
     print("|---|---|---|---|---|")
     for name, shape, t in rows:
-        print(f"| {name} | {shape} | {t['PyTorch']:.1f} | {t['enable()']:.1f} | {t['PyTorch'] / t['enable()']:.2f} |")
+        print(f"| {name} | {shape} | {t['PyTorch']:.2f} | {t['enable()']:.2f} | {t['PyTorch'] / t['enable()']:.2f} |")
 
     plain = prefill().float()
     with tfb.enable():

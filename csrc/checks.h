@@ -2,6 +2,7 @@
 // both backends reject the same inputs with the same messages.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -65,6 +66,26 @@ inline void check_bwd_extra(const at::Tensor& grad_out, const at::Tensor& out, c
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == s.batch && lse.size(1) == s.heads_q && lse.size(2) == s.len_q,
               "lse must have shape (", s.batch, ", ", s.heads_q, ", ", s.len_q, "), got ", lse.sizes());
   TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous (as fwd returns it)");
+}
+
+// attn_mask as SDPA takes it (True = take part; broadcastable to (B, Hq, L, S)),
+// returned as that 4-D view: expanded, never copied, stride 0 where it broadcasts.
+// Undefined when there is no mask.
+inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& q, const AttnShape& s) {
+  if (!attn_mask.has_value() || !attn_mask->defined()) return {};
+  const at::Tensor& m = *attn_mask;
+  TORCH_CHECK(m.scalar_type() == at::kBool, "attn_mask must be a bool tensor (True = take part), got ",
+              m.scalar_type(), "; additive float masks are not supported by these ops");
+  TORCH_CHECK(m.device() == q.device(), "attn_mask is on ", m.device(), " but q is on ", q.device());
+  TORCH_CHECK(m.layout() == at::kStrided && !m.is_nested(), "attn_mask must be a strided tensor");
+  const std::array<int64_t, 4> full{s.batch, s.heads_q, s.len_q, s.len_k};
+  TORCH_CHECK(m.dim() <= 4, "attn_mask must have at most 4 dims, got shape ", m.sizes());
+  for (int64_t d = 1; d <= m.dim(); ++d) {
+    const int64_t size = m.size(-d), want = full[4 - d];
+    TORCH_CHECK(size == want || size == 1, "attn_mask of shape ", m.sizes(), " does not broadcast to (batch, heads, L, S) = (",
+                full[0], ", ", full[1], ", ", full[2], ", ", full[3], ")");
+  }
+  return m.expand({full[0], full[1], full[2], full[3]});
 }
 
 inline double softmax_scale(std::optional<double> scale, int64_t head_dim) {

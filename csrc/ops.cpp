@@ -20,9 +20,9 @@ namespace {
 // One line per family of the registry (src/registry.py): its name and limits.
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
-#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head_dims)      \
+#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)      \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok \
-                  " align_bytes=" #align_bytes " max_rows=" #max_rows " passes=" passes " head_dims=" head_dims);
+                  " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" #masks " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;
@@ -47,12 +47,16 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // (csrc/cuda/families.h). The forward carries the backward's choice too, for
   // its autograd formula. A family rather than an instantiation's name, so that
   // a graph traced with a symbolic head dim names a kernel too.
+  // attn_mask: SDPA's boolean mask (True = take part), broadcastable to
+  // (B, Hq, L, S) and read in place; last, so that calls without one keep their
+  // positions. Families whose registry entry says masks=true read it.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, str? family=None,"
-      " str? backward_family=None) -> (Tensor out, Tensor lse)");
+      " str? backward_family=None, Tensor? attn_mask=None) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
-      " float? scale=None, bool is_causal=False, str? family=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+      " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None)"
+      " -> (Tensor dq, Tensor dk, Tensor dv)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.

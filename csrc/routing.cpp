@@ -209,14 +209,17 @@ at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
           .findSchemaOrThrow("torch_flash_backend::fwd", "")
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                     std::optional<double>, bool, std::optional<c10::string_view>,
-                                                    std::optional<c10::string_view>)>();
+                                                    std::optional<c10::string_view>,
+                                                    const std::optional<at::Tensor>&)>();
+  // Masked calls never reach here (the router is asked on each).
+  static const std::optional<at::Tensor> no_mask;
   const std::optional<c10::string_view> family = c10::string_view(entry.family);
   const std::optional<c10::string_view> backward_family =
       entry.backward_family.empty() ? std::nullopt : std::optional<c10::string_view>(entry.backward_family);
-  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family));
+  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, no_mask));
   // Nothing to differentiate: skip the op's autograd formula (a Python kernel).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family));
+  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, no_mask));
 }
 
 // Clears `pending` however the router returns.

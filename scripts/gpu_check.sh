@@ -5,6 +5,9 @@
 # present, its report too. Logs go to $OUT (or ./out). Choose steps with STEPS
 # (default: all), e.g.
 #   STEPS=tests,bench bash scripts/gpu_check.sh
+# Steps outside the default: decode (benchmarks/bench_decode.py with $DECODE_ARGS,
+# run once per ';'-separated argument list) and model (benchmarks/bench_model.py
+# with $MODEL_ARGS).
 # A build made on another machine against the same torch can be carried in
 # torch_flash_backend/lib/; without one, the script builds here (needs the
 # nvidia-cutlass wheel: pip-installed, or as a file under .whl/, as are
@@ -69,6 +72,19 @@ fi
 if has bench; then
   step "benchmark"
   python3 benchmarks/bench_sdpa.py --gemm --memory ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.md" || status=1
+fi
+if has decode; then
+  IFS=';' read -ra runs <<<"${DECODE_ARGS:-}"
+  for args in "${runs[@]:-}"; do
+    step "decode benchmark $args"
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_decode.py $args 2>&1 | tee -a "$OUT/bench_decode.md" || status=1
+  done
+fi
+if has model; then
+  step "model benchmark"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_model.py ${MODEL_ARGS:-} 2>&1 | tee "$OUT/bench_model.md" || status=1
 fi
 step "done (status $status)"
 exit $status

@@ -69,7 +69,8 @@ def edges(e):
 
 def decode(head_dims):
     """The decode family: one split and several, GQA-packed rows, causal, a cache
-    read past its use."""
+    read past its use; boolean masks (a cache in use up to a length per batch row,
+    a random one per head with a row that sees nothing, one with its keys strided)."""
     if not any(n.startswith("decode_fwd") for n in tfb.built_kernels()):
         return
     torch.manual_seed(0)
@@ -79,6 +80,15 @@ def decode(head_dims):
             k = torch.randn(2, 2, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
             v = torch.randn(2, 2, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
             ops.fwd(q, k, v, None, causal, "decode")
+            if causal:
+                continue
+            used = torch.tensor([s, max(1, s // 3)], device="cuda")
+            masks = [torch.arange(s, device="cuda")[None, None, None, :] < used[:, None, None, None],
+                     torch.rand(2, hq, length, s, device="cuda") > 0.5,
+                     (torch.rand(2, 1, s, length, device="cuda") > 0.5).transpose(-1, -2)]
+            masks[1][:, :, 0] = False
+            for mask in masks:
+                ops.fwd(q, k, v, None, False, "decode", attn_mask=mask)
     torch.cuda.synchronize()
 
 

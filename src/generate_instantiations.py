@@ -33,10 +33,10 @@ def kernel_list_h() -> str:
              "// X(family, pass) for every pass of every family, in the router's order of preference.",
              "#define TFB_KERNEL_PASSES(X) " + " ".join(f"X({f.name}, {p})" for f in registry.FAMILIES for p in f.passes),
              "",
-             "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head dims); cc as",
-             "// major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit.",
+             "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head dims); cc",
+             "// as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit; masks: reads attn_mask.",
              "#define TFB_KERNEL_FAMILIES(X) " + " ".join(
-                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, '
+                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, {str(f.masks).lower()}, '
                  f'"{",".join(f.passes)}", "{",".join(map(str, f.head_dims))}")'
                  for f in registry.FAMILIES),
              ""]
@@ -66,19 +66,26 @@ def kernels_cmake() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(path: pathlib.Path, text: str) -> None:
+    """Writes path unless it already holds text: an unchanged file keeps its
+    time stamp, so the build does not recompile what it feeds."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def generate(out_root: pathlib.Path) -> None:
     for f in registry.FAMILIES:
         out = out_root / f.name / "instantiations"
         out.mkdir(parents=True, exist_ok=True)
+        wanted = {out_root / registry.instantiation_file(f.name, p, d, dtype): (p, d, element)
+                  for p in f.passes for d in f.head_dims for dtype, element in registry.DTYPES.items()}
         for stale in out.glob("*.cu"):
-            stale.unlink()
-        for p in f.passes:
-            for d in f.head_dims:
-                for dtype, element in registry.DTYPES.items():
-                    (out_root / registry.instantiation_file(f.name, p, d, dtype)).write_text(
-                        TEMPLATE.format(family=f.name, pass_=p, Pass=p.capitalize(), element=element, head_dim=d))
-    (out_root / "kernel_list.h").write_text(kernel_list_h())
-    (out_root / "kernels.cmake").write_text(kernels_cmake())
+            if stale not in wanted:
+                stale.unlink()
+        for path, (p, d, element) in wanted.items():
+            _write(path, TEMPLATE.format(family=f.name, pass_=p, Pass=p.capitalize(), element=element, head_dim=d))
+    _write(out_root / "kernel_list.h", kernel_list_h())
+    _write(out_root / "kernels.cmake", kernels_cmake())
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
+    # Reads a boolean attn_mask (broadcast with stride 0 where it is) in the forward.
+    masks: bool = False
 
 
 # In the router's order of preference where several run.
@@ -38,7 +40,7 @@ FAMILIES = (
         name="decode", passes=("fwd",), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual", nvcc_defines=(),
-        stride0_ok=True, align_bytes=16, max_rows=256,
+        stride0_ok=True, align_bytes=16, max_rows=256, masks=True,
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(

@@ -9,11 +9,13 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, scale=None, is_causal=False):
-    """Float64 attention on SDPA-layout inputs, GQA by head groups, top-left causal.
+def attention_ref(q, k, v, scale=None, is_causal=False, attn_mask=None):
+    """Float64 attention on SDPA-layout inputs, GQA by head groups, top-left causal,
+    a boolean attn_mask (True = take part) broadcast to (B, Hq, L, S).
 
     Returns (out, lse) in float64; lse is the natural-log logsumexp of the scaled
-    scores, -inf for rows that see no key. Differentiable with respect to q, k, v.
+    scores, -inf for rows that see no key (their output is 0). Differentiable with
+    respect to q, k, v.
     """
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     hq, hkv = q.shape[1], k.shape[1]
@@ -27,6 +29,8 @@ def attention_ref(q, k, v, scale=None, is_causal=False):
         L, S = scores.shape[-2:]
         visible = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~visible, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask.to(scores.device), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(lse.unsqueeze(-1) == float("-inf"), 0.0))
     probs = torch.nan_to_num(probs, nan=0.0)

@@ -205,3 +205,140 @@ def test_cuda_graph_replay_equals_eager(routed_short):
     torch.cuda.synchronize()
     assert torch.equal(captured, step())
     assert not torch.equal(captured, eager)
+
+
+# ------------------------------------------------------------------ attn_mask
+
+
+def make_mask(kind, b, hq, length, s, generator=None):
+    """Boolean masks (True = take part) as callers pass them."""
+    g = torch.Generator().manual_seed(b * 7919 + hq * 31 + length * 17 + s)
+    if kind == "random":  # per head, about half visible
+        return (torch.rand(b, hq, length, s, generator=g) > 0.5).cuda()
+    if kind == "2d":  # (L, S), broadcast over batch and heads
+        return (torch.rand(length, s, generator=g) > 0.3).cuda()
+    if kind == "cache":  # a static cache in use up to a length per batch row, causal within the block
+        used = torch.randint(length, s + 1, (b,), generator=g)
+        used[0] = s
+        keys, rows = torch.arange(s), torch.arange(length)
+        visible = keys[None, None, :] <= (used[:, None, None] - length + rows[None, :, None])
+        return visible[:, None].cuda()  # (B, 1, L, S)
+    if kind == "transposed":  # keys not contiguous: (B, H, S, L) seen as (B, H, L, S)
+        return (torch.rand(b, hq, s, length, generator=g) > 0.5).cuda().transpose(-1, -2)
+    if kind == "blocks":  # whole 16-key tiles hidden or shown, some tiles in part
+        tiles = (torch.rand(b, 1, length, (s + 15) // 16, generator=g) > 0.6).repeat_interleave(16, -1)[..., :s]
+        tiles[..., 5::37] = ~tiles[..., 5::37]
+        return tiles.cuda()
+    if kind == "empty_rows":  # random, with rows of every head that see nothing
+        mask = torch.rand(b, hq, length, s, generator=g) > 0.5
+        mask[:, ::3, length // 2] = False
+        mask[-1] = False
+        return mask.cuda()
+    raise ValueError(kind)
+
+
+def check_masked(b, hq, hkv, length, s, e, dtype, kind, layout="cache"):
+    q = make_q(b, hq, length, e, dtype)
+    k, v = make_kv(b, hkv, s, e, dtype, layout), make_kv(b, hkv, s, e, dtype, layout)
+    mask = make_mask(kind, b, hq, length, s)
+    torch.empty(b * hq * length * e * 2 + 4096, device="cuda", dtype=dtype).fill_(float("nan"))
+    out, lse = ops.fwd(q, k, v, None, False, "decode", attn_mask=mask)
+    torch.cuda.synchronize()
+    name = f"b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} mask={kind} {layout}"
+    ref_out, ref_lse = attention_ref(q, k, v, attn_mask=mask)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        baseline = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
+    assert_within_baseline(name, out, baseline.nan_to_num(0.0), ref_out)
+    empty = torch.isneginf(ref_lse)
+    assert torch.isneginf(lse[empty]).all() and (out[empty] == 0).all(), f"{name}: rows that see no key"
+    assert max_err(lse[~empty], ref_lse[~empty]) <= LSE_TOL, f"{name}: lse error"
+    return q, k, v, mask, out
+
+
+@pytest.mark.parametrize("kind", ["random", "2d", "cache", "transposed", "blocks", "empty_rows"])
+@pytest.mark.parametrize("group,length", [(1, 1), (4, 1), (8, 1), (4, 4), (1, 16), (2, 3), (16, 16)])
+def test_masks(kind, group, length):
+    require(torch.bfloat16, 128)
+    torch.manual_seed(group * 100 + length)
+    check_masked(2, 2 * group, 2, length, 1000, 128, torch.bfloat16, kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("e", (32, 64, 96, 128, 192, 256))
+def test_masks_every_head_dim(dtype, e):
+    require(dtype, e)
+    torch.manual_seed(e)
+    check_masked(2, 8, 2, 2, 777, e, dtype, "random", "blhe")
+    check_masked(3, 4, 4, 1, 333, e, dtype, "cache", "tail")
+
+
+@pytest.mark.parametrize("s", [1, 17, 129, 16384, 40_000, 100_000])
+def test_masked_cache_lengths(s):
+    """Short caches (one tile), many splits, and splits past the tile list's
+    32K keys (more splits then)."""
+    require(torch.float16, 128)
+    torch.manual_seed(s)
+    check_masked(1, 8, 1, 1, s, 128, torch.float16, "cache")
+    check_masked(2, 4, 2, 3, s, 128, torch.float16, "blocks")
+
+
+def test_fully_masked_rows_as_pytorch():
+    """Rows the mask hides entirely give what PyTorch's default SDPA gives (0)."""
+    require(torch.bfloat16, 128)
+    q, k, v, mask, out = check_masked(2, 8, 2, 4, 500, 128, torch.bfloat16, "empty_rows")
+    default = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    empty = ~mask.any(-1)
+    assert empty.any()
+    assert torch.equal(out[empty], default[empty]), (out[empty].unique(), default[empty].unique())
+
+
+def test_enable_serves_masked_steps():
+    """enable() sends a masked decode step (one token too: PyTorch's SDPA has no
+    fast masked path) to the decode family, and falls back, with the reason,
+    where the mask cannot be read."""
+    require(torch.bfloat16, 128)
+    q = make_q(2, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(2, 8, 1024, 128, torch.bfloat16, "cache") for _ in range(2))
+    mask = make_mask("cache", 2, 32, 1, 1024)
+    decision = tfb.explain(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert decision.kernel == "decode_fwd_bf16_hdim128" and "attn_mask" in str(decision), str(decision)
+
+    def step():
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert testing.launched_families(step) == {"decode"}
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert max_err(step(), ref) <= 2e-2
+    reasons = {
+        "float": tfb.explain(q, k, v, attn_mask=torch.zeros(1024, device="cuda"), enable_gqa=True),
+        "grad": tfb.explain(q.detach().requires_grad_(), k, v, attn_mask=mask, enable_gqa=True),
+        "long": tfb.explain(make_q(2, 32, 17, 128, torch.bfloat16), k, v, attn_mask=mask, enable_gqa=True),
+    }
+    assert "only boolean masks" in reasons["float"].reason
+    assert "require grad" in reasons["grad"].reason
+    assert "17 or more tokens" in reasons["long"].reason
+    assert not any(d.served for d in reasons.values())
+
+
+def test_masked_cuda_graph_replay_equals_eager():
+    """A masked step captured in a CUDA graph replays like eager, the mask's
+    contents read at replay (a static cache's mask changes every step)."""
+    require(torch.bfloat16, 128)
+    torch.manual_seed(6)
+    q = make_q(8, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(8, 8, 4096, 128, torch.bfloat16, "cache") for _ in range(2))
+    mask = make_mask("cache", 8, 32, 1, 4096)
+
+    def step():
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    mask.copy_(make_mask("cache", 8, 32, 1, 4096).roll(1000, -1))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, step())
+    ref, _ = attention_ref(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert max_err(captured, ref) <= 2e-2

@@ -54,6 +54,9 @@ def test_outside_nothing_is_routed():
     assert not _enable.is_active()
 
 
+FLOAT_MASK_REASON = "attn_mask of dtype torch.float32: only boolean masks are served (additive masks fall back)"
+
+
 def test_fallback_is_bitwise_pytorch_and_logged(caplog):
     q, k, v = qkv()
     mask = torch.randn(40, 40)
@@ -61,9 +64,9 @@ def test_fallback_is_bitwise_pytorch_and_logged(caplog):
     with caplog.at_level(logging.DEBUG, logger="torch_flash_backend"), tfb.enable():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.equal(out, ref)
-    assert tfb.stats() == {"routed": {}, "fallback": {"attn_mask is not supported (only is_causal masking)": 1}}
+    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT_MASK_REASON: 1}}
     assert [r.name for r in caplog.records] == ["torch_flash_backend"]
-    assert "attn_mask is not supported" in caplog.records[0].getMessage()
+    assert FLOAT_MASK_REASON in caplog.records[0].getMessage()
 
 
 def test_fallback_backward_is_pytorch():
@@ -405,5 +408,65 @@ def test_export_inside_enable_warns(strict_export):
 def test_export_fallback_counted_once():
     q, k, v = qkv()
     ep = torch.export.export(tfb.enable()(Attend()), (q, k, v, torch.zeros(40, 40)))
-    assert tfb.stats() == {"routed": {}, "fallback": {"attn_mask is not supported (only is_causal masking)": 1}}
+    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT_MASK_REASON: 1}}
     assert any("scaled_dot_product_attention" in str(n.target) for n in ep.graph.nodes)
+
+
+def _padding_mask(length=40, s=40):
+    """(B, 1, L, S) boolean: batch row 1 sees its first 25 keys, row 0 all."""
+    mask = torch.ones(2, 1, length, s, dtype=torch.bool)
+    mask[1, :, :, 25:] = False
+    return mask
+
+
+def _mask_arg(node):
+    """The attn_mask argument of a graph's fwd node (the schema's last)."""
+    return node.kwargs["attn_mask"] if "attn_mask" in node.kwargs else node.args[7]
+
+
+def test_boolean_mask_served_forward_and_backward():
+    """A boolean attn_mask is served (CPU kernels read it; on CUDA the decode
+    family, for short queries without grad), equal to PyTorch's SDPA."""
+    q, k, v = qkv(requires_grad=True)
+    mask = _padding_mask()
+    with tfb.enable(strict=True):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert routed() == 1
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    for g, w in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])
+def test_export_with_a_mask_argument(strict_export):
+    """The mask is a graph input that reaches our op."""
+    q, k, v = qkv()
+    mask = _padding_mask()
+    ep = torch.export.export(tfb.enable(strict=True)(Attend()), (q, k, v, mask), strict=strict_export)
+    fwd = [n for n in ep.graph.nodes if str(n.target) == "torch_flash_backend.fwd.default"]
+    assert len(fwd) == 1 and _mask_arg(fwd[0]).op == "placeholder", ep.graph
+    torch.testing.assert_close(ep.module()(q, k, v, mask), Attend()(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_with_a_mask_argument():
+    """The mask's contents change between calls, its metadata does not: one
+    compile, whose forward graph passes the mask to our op."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    torch._dynamo.reset()
+    q, k, v = qkv()
+    backend = AotEagerAndRecordGraphs()
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def f(q, k, v, mask):
+        with tfb.enable(strict=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for cut in (25, 31):
+        mask = _padding_mask()
+        mask[1, :, :, cut:] = False
+        torch.testing.assert_close(f(q, k, v, mask), F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                                   atol=1e-5, rtol=1e-5)
+    assert len(backend.graphs) == 1
+    fwd = [n for n in backend.fw_graphs[0].graph.nodes if str(n.target) == "torch_flash_backend.fwd.default"]
+    assert len(fwd) == 1 and _mask_arg(fwd[0]).op == "placeholder", backend.fw_graphs[0].code

@@ -135,3 +135,65 @@ def test_opcheck_route_sdpa(strict, mask):
     attn_mask = torch.zeros(40, 40) if mask else None
     with testing.route_cpu():
         torch.library.opcheck(ops.route_sdpa.default, (q, k, v, attn_mask, 0.0, not mask, None, False, strict))
+
+
+# (Hq, Hkv, L, S, mask shape): boolean masks broadcast as SDPA allows, with
+# fully hidden rows (row 0 of every head sees nothing).
+MASKED = [
+    (4, 2, 19, 40, (2, 4, 19, 40)),
+    (4, 4, 5, 33, (2, 1, 1, 33)),
+    (6, 3, 17, 17, (17, 17)),
+]
+
+
+def masked_inputs(hq, hkv, length, s, shape, requires_grad):
+    torch.manual_seed(length * 100 + s)
+    q, k, v = (make(2, h, n, 16, torch.float32, "blhe", requires_grad) for h, n in ((hq, length), (hkv, s), (hkv, s)))
+    mask = torch.rand(shape) > 0.4
+    mask[..., 0, :] = False
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("case", MASKED, ids=[f"h{c[0]}x{c[1]}-L{c[2]}-S{c[3]}-mask{len(c[4])}d" for c in MASKED])
+def test_opcheck_masked(case, requires_grad):
+    q, k, v, mask = masked_inputs(*case, requires_grad)
+    torch.library.opcheck(ops.fwd.default, (q, k, v, None, False), {"attn_mask": mask})
+    out, lse = ops.fwd(q.detach(), k.detach(), v.detach(), attn_mask=mask)
+    torch.library.opcheck(ops.bwd.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse),
+                          {"attn_mask": mask})
+
+
+@pytest.mark.parametrize("case", MASKED, ids=[f"h{c[0]}x{c[1]}-L{c[2]}-S{c[3]}-mask{len(c[4])}d" for c in MASKED])
+def test_masked_matches_reference(case):
+    """A boolean mask on CPU, forward and backward, against float64; rows the
+    mask hides entirely give output 0, lse -inf and no gradient."""
+    q, k, v, mask = masked_inputs(*case, True)
+    out = tfb.flash_attn(q, k, v, attn_mask=mask, enable_gqa=True)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = attention_ref(*leaves, attn_mask=mask)
+    ref.backward(grad.double())
+    for name, ours, want in (("out", out, ref), ("dq", q.grad, leaves[0].grad), ("dk", k.grad, leaves[1].grad),
+                             ("dv", v.grad, leaves[2].grad)):
+        err = (ours.double() - want).abs().max().item()
+        assert err <= 2e-5 * max(1.0, want.abs().max().item()), f"{name}: error {err:.3e}"
+    assert (out[:, :, 0] == 0).all() and (q.grad[:, :, 0] == 0).all()
+    _, lse = ops.fwd(q.detach(), k.detach(), v.detach(), attn_mask=mask)
+    assert torch.isneginf(lse[:, :, 0]).all()
+    assert torch.allclose(lse[:, :, 1:].double(), ref_lse[:, :, 1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("mask,message", [
+    (torch.ones(2, 4, 19, 40), "must be a bool tensor"),
+    (torch.ones(3, 4, 19, 40, dtype=torch.bool), "does not broadcast"),
+    (torch.ones(1, 2, 4, 19, 40, dtype=torch.bool), "at most 4 dims"),
+])
+def test_bad_masks_are_named(mask, message):
+    """The CPU kernel and the fake kernel refuse the same masks, naming attn_mask."""
+    q, k, v, _ = masked_inputs(*MASKED[0], False)
+    with pytest.raises(RuntimeError, match=message):
+        ops.fwd(q, k, v, attn_mask=mask)
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match="attn_mask"):
+        ops.fwd(*(mode.from_tensor(t) for t in (q, k, v)), attn_mask=mode.from_tensor(mask))

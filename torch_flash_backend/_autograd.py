@@ -10,18 +10,20 @@ _ops = torch.ops.torch_flash_backend
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal, _family, backward_family = inputs
+    q, k, v, scale, is_causal, _family, backward_family, attn_mask = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.scale, ctx.is_causal, ctx.backward_family = scale, is_causal, backward_family
 
 
 def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    masked = {} if attn_mask is None else {"attn_mask": attn_mask}  # backward graphs without one read as before
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, out, lse, ctx.scale, ctx.is_causal,
-                          ctx.backward_family)
-    return dq, dk, dv, None, None, None, None
+                          ctx.backward_family, **masked)
+    # A boolean mask has no gradient.
+    return dq, dk, dv, None, None, None, None, None
 
 
 def _no_double_backward(ctx, *grads):

@@ -49,6 +49,24 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) 
             raise ValueError(f"scale must be finite, got {scale!r}")
 
 
+def check_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> None:
+    """The ops' attn_mask: None, or a bool tensor on q's device that broadcasts
+    to (B, Hq, L, S); raises ValueError as the C++ impls do."""
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool:
+        raise ValueError(f"attn_mask must be a bool tensor (True = take part), got {attn_mask.dtype}; additive "
+                         "float masks are not supported by these ops")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {q.device}")
+    full = (q.size(0), q.size(1), q.size(2), k.size(2))
+    if attn_mask.dim() > 4 or any(m != 1 and m != f for m, f in zip(reversed(attn_mask.shape), reversed(full))):
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, heads, L, S) = "
+                         f"{full}")
+
+
 def check_sdpa_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
     """Raises, naming the argument, for an SDPA call that PyTorch's SDPA rejects
     in every backend: its math path could not run it either. PyTorch 2.11

@@ -134,7 +134,9 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, 
                               _stats.line_id(decision))
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
-        return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family)[0]
+        # attn_mask only when given, so that graphs without one read as before.
+        masked = {} if attn_mask is None else {"attn_mask": attn_mask}
+        return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family, **masked)[0]
     if strict:
         raise UnsupportedError(decision.reason)
     logger.debug("scaled_dot_product_attention falls back to PyTorch SDPA: %s", decision.reason)

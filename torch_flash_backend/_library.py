@@ -32,7 +32,7 @@ class Kernel(str):
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
-    no limit), smem_bytes."""
+    no limit), masks (the forward reads a boolean attn_mask), smem_bytes."""
 
     family: str
     pass_: str
@@ -43,6 +43,7 @@ class Kernel(str):
     stride0_ok: bool
     align_bytes: int
     max_rows: int
+    masks: bool
     smem_bytes: int
 
     @classmethod
@@ -55,6 +56,7 @@ class Kernel(str):
             setattr(kernel, key, int(values[key]))
         kernel.max_rows = int(values.get("max_rows", 0))
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
+        kernel.masks = values.get("masks") in ("1", "true")
         return kernel
 
     def runs_on(self, capability: tuple[int, int]) -> bool:

@@ -38,6 +38,9 @@ ROUTE_MAX_DECODE_ROWS = 32
 DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
                         "(benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: only the decode family "
+                          "(shorter queries) reads a mask so far; PyTorch's SDPA serves it")
+MASK_GRAD_REASON = "attn_mask and inputs that require grad: no CUDA backward kernel reads a mask yet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +216,11 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return _fallback(CPU_REASON)
     if device.type != "cuda" and not on_cpu:
         return _fallback(f"device type {device.type} is not CUDA")
-    if attn_mask is not None:
-        return _fallback("attn_mask is not supported (only is_causal masking)")
+    masked = attn_mask is not None
+    if masked:
+        why = _mask_problem(attn_mask, q, k, is_causal)
+        if why is not None:
+            return _fallback(why)
     if dropout_p != 0.0:
         return _fallback(f"dropout_p={dropout_p} is not supported (only 0.0)")
     dtype = q.dtype
@@ -240,14 +246,16 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     detail = f"{dtype_name}, head dim {e}" + (", causal" if is_causal else "") + (
-        f", GQA {hq}:{hkv}" if hq != hkv else "")
+        f", GQA {hq}:{hkv}" if hq != hkv else "") + (", boolean attn_mask" if masked else "")
     if on_cpu:
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
+    elif masked and needs_grad:
+        return _fallback(MASK_GRAD_REASON)
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
-                                     hq // hkv)
+                                     hq // hkv, masked=masked)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -256,6 +264,25 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         if bad is not None:
             return _fallback(bad)
     return decision
+
+
+def _mask_problem(attn_mask, q, k, is_causal) -> str | None:
+    """Why our ops cannot take this attn_mask (PyTorch's SDPA then serves the
+    call, or raises where it rejects it), or None. Metadata only."""
+    if is_causal:
+        return "attn_mask together with is_causal=True (PyTorch's SDPA rejects the pair)"
+    if attn_mask.dtype != torch.bool:
+        return f"attn_mask of dtype {attn_mask.dtype}: only boolean masks are served (additive masks fall back)"
+    if attn_mask.requires_grad:
+        return "attn_mask requires grad"
+    if attn_mask.device != q.device:
+        return f"attn_mask is on {attn_mask.device} but q is on {q.device}"
+    if attn_mask.is_nested or attn_mask.layout != torch.strided:
+        return "attn_mask is not a dense strided tensor"
+    full = (q.size(0), q.size(1), q.size(2), k.size(2))
+    if attn_mask.dim() > 4 or any(m != 1 and m != f for m, f in zip(reversed(attn_mask.shape), reversed(full))):
+        return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}"
+    return None
 
 
 def _broadcast(q, k, v) -> bool:
@@ -267,7 +294,7 @@ def _broadcast(q, k, v) -> bool:
     return False
 
 
-def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None, str | None]:
+def pinned_families(q, k, v, needs_grad: bool | None = None, masked: bool = False) -> tuple[str | None, str | None]:
     """The (forward, backward) families for a call to the ops that skips
     decide() (flash_attn): (None, None) when TFB_KERNEL_FAMILIES is unset or q
     is not on CUDA, so the ops run the registry's first kernel that can; else the
@@ -277,14 +304,15 @@ def pinned_families(q, k, v, needs_grad: bool | None = None) -> tuple[str | None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False)
+                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False, masked=masked)
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
 
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
-                      broadcast: bool, length: int, group: int, routing: bool = True) -> Decision:
+                      broadcast: bool, length: int, group: int, routing: bool = True,
+                      masked: bool = False) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -293,7 +321,10 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     x length). routing: the choice for enable(), where a query shorter than
     MIN_QUERY_LEN goes to a decode family or to PyTorch (faster there than the
     tiled forwards), and a longer one never to a decode family; else any
-    family that can run the call (flash_attn with pinned families)."""
+    family that can run the call (flash_attn with pinned families). masked: a
+    boolean attn_mask, which only families with masks=true read; with one, a
+    single token goes to the decode family too (PyTorch's SDPA has no fast
+    masked path there)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -305,7 +336,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing, probe.route_single_tokens)
+            detail, broadcast, length, group, routing, probe.route_single_tokens, masked)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
@@ -313,7 +344,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
-            route_single: bool = True) -> Decision:
+            route_single: bool = True, masked: bool = False) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -323,13 +354,20 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     suffix = f"_{dtype_name}_hdim{e}"
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
+    if masked:
+        readers = [k for k in fwd_kernels if k.masks]
+        if not readers:
+            return _fallback(f"attn_mask: no forward built for {dtype_name} head dim {e} reads a mask{only}")
+        if length >= MIN_QUERY_LEN and not any(not k.max_rows for k in readers):
+            return _fallback(MASK_LONG_QUERY_REASON)
+        fwd_kernels = readers
     rows = group * length
     if not routing:
         # A decode family serves short queries alone (its kernels refuse longer ones).
         fwd_kernels = [k for k in fwd_kernels if not k.max_rows or (length < MIN_QUERY_LEN and rows <= k.max_rows)]
     elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
-        if decoders and length == 1 and not route_single:
+        if decoders and length == 1 and not route_single and not masked:
             return _fallback(DECODE_SLOWER_REASON)
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if fwd_kernels and rows > ROUTE_MAX_DECODE_ROWS:

@@ -3,7 +3,7 @@ import torch
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _router
-from ._checks import check_inputs
+from ._checks import check_inputs, check_mask
 
 _ops = torch.ops.torch_flash_backend
 
@@ -16,14 +16,13 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     Takes scaled_dot_product_attention's signature, so a call can swap one for
     the other: causal masking is top-left aligned, ``scale=None`` means
     1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
-    ``enable_gqa=True``. No routing: what the kernels do not support
-    (``attn_mask``, ``dropout_p > 0``) raises, naming the argument, instead of
+    ``enable_gqa=True``; a boolean ``attn_mask`` (True = take part) broadcasts
+    to (B, Hq, L, S). No routing: what the kernels do not support (``dropout_p
+    > 0``, additive masks; on CUDA a mask with a query of 17 or more tokens, or
+    with inputs that require grad) raises, naming the argument, instead of
     falling back. The kernels are the registry's first that run the call,
     within the families ``TFB_KERNEL_FAMILIES`` allows.
     """
-    if attn_mask is not None:
-        raise NotImplementedError("flash_attn: attn_mask is not supported (only is_causal masking); "
-                                  "use scaled_dot_product_attention under enable() to fall back for it")
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise NotImplementedError(f"flash_attn: dropout_p={dropout_p!r} is not supported (only 0.0)")
     if not isinstance(is_causal, bool):
@@ -34,5 +33,16 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     if q.size(1) != k.size(1) and not enable_gqa:
         raise ValueError(f"flash_attn: q has {q.size(1)} heads but k/v have {k.size(1)}; pass enable_gqa=True "
                          "for grouped-query attention")
-    family, backward_family = _router.pinned_families(q, k, v)
-    return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family)[0]
+    if attn_mask is not None:
+        check_mask(attn_mask, q, k)
+        if is_causal:
+            raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if q.device.type == "cuda" and needs_grad:
+            raise NotImplementedError(f"flash_attn: {_router.MASK_GRAD_REASON}")
+        if q.device.type == "cuda" and q.size(2) >= _router.MIN_QUERY_LEN:
+            raise NotImplementedError(f"flash_attn: {_router.MASK_LONG_QUERY_REASON}")
+    family, backward_family = _router.pinned_families(q, k, v, masked=attn_mask is not None)
+    masked = {} if attn_mask is None else {"attn_mask": attn_mask}
+    return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family,
+                    **masked)[0]

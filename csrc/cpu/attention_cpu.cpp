@@ -145,6 +145,24 @@ int64_t visible_keys(const tfb::mask::CausalOrNone& band, int64_t i, int64_t k0,
   return std::clamp<int64_t>(band.key_end(static_cast<int>(i)) - k0, 0, block);
 }
 
+// attn_mask as check_mask returns it, (B, Hq, L, S) with any strides; off
+// when undefined. hidden(): the pair takes no part.
+struct MaskView {
+  const bool* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+
+  explicit MaskView(const at::Tensor& m) {
+    if (!m.defined()) return;
+    data = m.data_ptr<bool>();
+    batch_stride = m.stride(0), head_stride = m.stride(1), row_stride = m.stride(2), col_stride = m.stride(3);
+  }
+  // Head (b, h)'s plane: row i, key j at plane[i * row_stride + j * col_stride].
+  const bool* plane(int64_t b, int64_t h) const { return data ? data + b * batch_stride + h * head_stride : nullptr; }
+  bool hidden(const bool* plane, int64_t i, int64_t j) const {
+    return plane != nullptr && !plane[i * row_stride + j * col_stride];
+  }
+};
+
 // A row whose lse is -inf saw no key, so its probabilities must be 0;
 // exp(s - inf) gives that where exp(s + inf) would give inf.
 float lse_for_exp(float lse) { return lse == kNegInf ? std::numeric_limits<float>::infinity() : lse; }
@@ -152,12 +170,14 @@ float lse_for_exp(float lse) { return lse == kNegInf ? std::numeric_limits<float
 // One online-softmax step for one query row: turns the raw scores of a key
 // block into probabilities against the updated running max and rescales
 // what the row accumulated under the old max. Scores at or past `visible` are
-// masked; they, like the padding up to `width`, become 0.
+// masked, and so are those `hidden(j)` names; they, like the padding up to
+// `width`, become 0.
+template <class Hidden>
 void softmax_step(float* s, int64_t visible, int64_t width, float scale, float& row_max, float& row_sum, float* acc,
-                  int64_t e) {
+                  int64_t e, Hidden&& hidden) {
   float block_max = row_max;
   for (int64_t j = 0; j < visible; ++j) {
-    s[j] *= scale;
+    s[j] = hidden(j) ? kNegInf : s[j] * scale;
     block_max = std::max(block_max, s[j]);
   }
   std::fill(s + visible, s + width, 0.f);
@@ -179,7 +199,7 @@ void softmax_step(float* s, int64_t visible, int64_t width, float scale, float& 
 
 template <typename T>
 void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                const at::Tensor& lse, const AttnShape& s, float scale, bool is_causal) {
+                const at::Tensor& lse, const AttnShape& s, float scale, bool is_causal, const MaskView& mask) {
   const auto band = band_of(is_causal, s);
   const Rows<const T> Q(q), K(k), V(v);
   const Rows<T> O(out);
@@ -194,6 +214,7 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       const int64_t b = task / (s.heads_q * q_blocks), h = task / q_blocks % s.heads_q;
       const int64_t r0 = task % q_blocks * kBlockQ, rows = std::min(kBlockQ, s.len_q - r0);
       const int64_t hk = h / group;
+      const bool* plane = mask.plane(b, h);
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
@@ -209,15 +230,17 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
         matmul_acc(q_tile.data(), ld, kt_tile.data(), kBlockK, scores.data(), kBlockK, rows, width, E);
         for (int64_t i = 0; i < rows; ++i) {
           softmax_step(scores.data() + i * kBlockK, visible_keys(band, r0 + i, k0, cols), width, scale,
-                       row_max[i], row_sum[i], acc.data() + i * ld, E);
+                       row_max[i], row_sum[i], acc.data() + i * ld, E,
+                       [&](int64_t j) { return mask.hidden(plane, r0 + i, k0 + j); });
         }
         matmul_acc(scores.data(), kBlockK, v_tile.data(), ld, acc.data(), ld, rows, ld, cols);
       }
       float* lse_row = lse_data + (b * s.heads_q + h) * s.len_q + r0;
       for (int64_t i = 0; i < rows; ++i) {
-        const float inv = 1.f / row_sum[i];
+        // A row the mask hides entirely sums to 0: its output is 0, its lse -inf.
+        const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
         for (int64_t c = 0; c < E; ++c) acc[i * ld + c] *= inv;
-        lse_row[i] = row_max[i] + std::log(row_sum[i]);
+        lse_row[i] = row_sum[i] > 0.f ? row_max[i] + std::log(row_sum[i]) : kNegInf;
       }
       store_tile(O, b, h, r0, rows, E, acc.data(), ld, 1.f);
     }
@@ -246,7 +269,7 @@ void bwd_delta(const at::Tensor& grad_out, const at::Tensor& out, float* delta, 
 template <typename T>
 void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const float* lse, const float* delta, const at::Tensor& dq, const AttnShape& s, float scale,
-                   bool is_causal) {
+                   bool is_causal, const MaskView& mask) {
   const auto band = band_of(is_causal, s);
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dQ(dq);
@@ -261,6 +284,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
       const int64_t b = task / (s.heads_q * q_blocks), h = task / q_blocks % s.heads_q;
       const int64_t r0 = task % q_blocks * kBlockQ, rows = std::min(kBlockQ, s.len_q - r0);
       const int64_t hk = h / group;
+      const bool* plane = mask.plane(b, h);
       const float* lse_row = lse + (b * s.heads_q + h) * s.len_q + r0;
       const float* delta_row = delta + (b * s.heads_q + h) * s.len_q + r0;
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
@@ -283,7 +307,9 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
           const float* dpi = dp.data() + i * kBlockK;
           const float l = lse_for_exp(lse_row[i]), d = delta_row[i];
           const int64_t visible = visible_keys(band, r0 + i, k0, cols);
-          for (int64_t j = 0; j < visible; ++j) ds[j] = std::exp(ds[j] * scale - l) * (dpi[j] - d);
+          for (int64_t j = 0; j < visible; ++j) {
+            ds[j] = mask.hidden(plane, r0 + i, k0 + j) ? 0.f : std::exp(ds[j] * scale - l) * (dpi[j] - d);
+          }
           std::fill(ds + visible, ds + cols, 0.f);
         }
         matmul_acc(scores.data(), kBlockK, k_tile.data(), ld, acc.data(), ld, rows, ld, cols);
@@ -299,7 +325,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
 template <typename T>
 void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const float* lse, const float* delta, const at::Tensor& dk, const at::Tensor& dv,
-                     const AttnShape& s, float scale, bool is_causal) {
+                     const AttnShape& s, float scale, bool is_causal, const MaskView& mask) {
   const auto band = band_of(is_causal, s);
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dK(dk), dV(dv);
@@ -320,6 +346,7 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const float* lse_head = lse + (b * s.heads_q + h) * s.len_q;
         const float* delta_head = delta + (b * s.heads_q + h) * s.len_q;
+        const bool* plane = mask.plane(b, h);
         // Query rows before the first one that sees this block's first key see none of it.
         for (int64_t r0 = band.row_begin(static_cast<int>(k0)); r0 < s.len_q; r0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, s.len_q - r0), width = round_up(rows, kVec);
@@ -340,7 +367,7 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
             std::fill(pj, pj + first, 0.f);
             std::fill(dsj, dsj + first, 0.f);
             for (int64_t i = first; i < rows; ++i) {
-              pj[i] = std::exp(pj[i] * scale - lse_for_exp(lse_head[r0 + i]));
+              pj[i] = mask.hidden(plane, r0 + i, k0 + j) ? 0.f : std::exp(pj[i] * scale - lse_for_exp(lse_head[r0 + i]));
               dsj[i] = pj[i] * (dsj[i] - delta_head[r0 + i]);
             }
           }
@@ -375,16 +402,18 @@ void check_family(const std::optional<c10::string_view>& family) {
 std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                            std::optional<double> scale, bool is_causal,
                                            std::optional<c10::string_view> family,
-                                           std::optional<c10::string_view> backward_family) {
+                                           std::optional<c10::string_view> backward_family,
+                                           const std::optional<at::Tensor>& attn_mask) {
   check_family(family);
   check_family(backward_family);
   const AttnShape s = check_qkv(q, k, v);
+  const MaskView mask(check_mask(attn_mask, q, s));
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
   if (is_empty_problem(s)) return {out, lse};
   const float sm_scale = static_cast<float>(softmax_scale(scale, s.head_dim));
   dispatch_dtype(q.scalar_type(), [&](auto element) {
-    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, is_causal);
+    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, is_causal, mask);
   });
   return {out, lse};
 }
@@ -393,10 +422,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
                                                        const at::Tensor& k, const at::Tensor& v,
                                                        const at::Tensor& out, const at::Tensor& lse,
                                                        std::optional<double> scale, bool is_causal,
-                                                       std::optional<c10::string_view> family) {
+                                                       std::optional<c10::string_view> family,
+                                                       const std::optional<at::Tensor>& attn_mask) {
   check_family(family);
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
+  const MaskView mask(check_mask(attn_mask, q, s));
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
   if (is_empty_problem(s)) return {dq, dk, dv};
@@ -405,9 +436,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
   dispatch_dtype(q.scalar_type(), [&](auto element) {
     using T = decltype(element);
     bwd_delta<T>(grad_out, out, delta.data_ptr<float>(), s);
-    bwd_dq_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dq, s, sm_scale, is_causal);
+    bwd_dq_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dq, s, sm_scale, is_causal, mask);
     bwd_dkdv_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dk, dv, s, sm_scale,
-                       is_causal);
+                       is_causal, mask);
   });
   return {dq, dk, dv};
 }

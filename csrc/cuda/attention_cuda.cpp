@@ -52,8 +52,10 @@ at::Tensor attach_workspace(const PassKernels<Params>& kernels, Params& p, const
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             std::optional<double> scale, bool is_causal,
                                             std::optional<c10::string_view> family,
-                                            std::optional<c10::string_view> /*backward_family: autograd's*/) {
+                                            std::optional<c10::string_view> /*backward_family: autograd's*/,
+                                            const std::optional<at::Tensor>& attn_mask) {
   const AttnShape s = check_qkv(q, k, v);
+  const at::Tensor mask = check_mask(attn_mask, q, s);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
@@ -65,6 +67,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   check_vector_aligned(v, "v");
   AttnFwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
+  fill_mask(p, mask);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   const at::Tensor workspace = attach_workspace(chosen, p, q);
   const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
@@ -77,9 +80,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
                                                         const at::Tensor& k, const at::Tensor& v,
                                                         const at::Tensor& out, const at::Tensor& lse,
                                                         std::optional<double> scale, bool is_causal,
-                                                        std::optional<c10::string_view> family) {
+                                                        std::optional<c10::string_view> family,
+                                                        const std::optional<at::Tensor>& attn_mask) {
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
+  const at::Tensor mask = check_mask(attn_mask, q, s);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
@@ -93,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   check_vector_aligned(grad_out, "grad_out");
   AttnBwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
+  fill_mask(p, mask);
   fill_bwd(p, grad_out, dq, dk, dv);
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
   const at::Tensor workspace = attach_workspace(chosen, p, q);

@@ -15,13 +15,14 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 struct Limits {
   std::string_view family;
   int min_cc, max_cc;
-  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0"
+  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=false"
+  bool masks;
 };
 constexpr Limits kLimits[] = {
-#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, passes, head_dims)       \
+#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)       \
   {#family, min_cc, max_cc,                                                                             \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
-   " max_rows=" #max_rows},
+   " max_rows=" #max_rows " masks=" #masks, masks},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -45,7 +46,7 @@ const Table& table() {
     auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
                   auto run, size_t (*smem_bytes)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back({family, pass, l.min_cc, l.max_cc, has, can_run, workspace_bytes, run, smem_bytes});
+      list.push_back({family, pass, l.min_cc, l.max_cc, l.masks, has, can_run, workspace_bytes, run, smem_bytes});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
@@ -64,6 +65,15 @@ std::string built_names(const std::vector<PassKernels<Params>>& kernels, DType d
     if (k.has(dtype, head_dim)) names += (names.empty() ? "" : ", ") + k.name(dtype, head_dim);
   }
   return names.empty() ? "none" : names;
+}
+
+template <class Params>
+std::string masked_families(const std::vector<PassKernels<Params>>& kernels) {
+  std::string names;
+  for (const auto& k : kernels) {
+    if (k.masks) names += (names.empty() ? "" : ", ") + std::string(k.family);
+  }
+  return names.empty() ? "no family reads attn_mask in this pass" : "families that read attn_mask: " + names;
 }
 
 std::string cc_range(int min_cc, int max_cc) {
@@ -85,18 +95,21 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
                   ")");
       TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
                   info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
+      TORCH_CHECK(k.masks || p.mask.values == nullptr, "family='", *family, "' has no ", pass,
+                  " kernel that reads attn_mask (", masked_families(kernels), ")");
       TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
                   "expand(), or a stride or pointer that is not a multiple of 16 bytes)");
       return k;
     }
     TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
   }
+  const bool masked = p.mask.values != nullptr;
   for (const auto& k : kernels) {
-    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.can_run(p)) return k;
+    if (k.has(dtype, p.head_dim) && k.runs_on(info) && (k.masks || !masked) && k.can_run(p)) return k;
   }
   TORCH_CHECK(false, "no ", pass, " kernel built for ", dtype_name(dtype), " head_dim=", p.head_dim,
-              " runs these inputs on compute capability ", info.major, ".", info.minor,
-              " (built: ", built_names(kernels, dtype, p.head_dim), ")");
+              " runs these inputs", masked ? " with attn_mask" : "", " on compute capability ", info.major, ".",
+              info.minor, " (built: ", built_names(kernels, dtype, p.head_dim), "; ", masked_families(kernels), ")");
 }
 
 }  // namespace

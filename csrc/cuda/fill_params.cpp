@@ -59,6 +59,13 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
   p.num_sms = num_sms;
 }
 
+void fill_mask(AttnFwdParams& p, const at::Tensor& mask) {
+  if (!mask.defined()) return;
+  p.mask.values = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
+  p.mask.values_batch_stride = mask.stride(0), p.mask.values_head_stride = mask.stride(1);
+  p.mask.values_row_stride = mask.stride(2), p.mask.values_col_stride = mask.stride(3);
+}
+
 void fill_bwd(AttnBwdParams& p, const at::Tensor& grad_out, const at::Tensor& dq, const at::Tensor& dk,
               const at::Tensor& dv) {
   p.deterministic = deterministic_bwd();

@@ -11,6 +11,9 @@ namespace tfb {
 void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse, const AttnShape& s, double scale, bool is_causal, int num_sms);
 
+// The mask check_mask() returned (a (B, Hq, L, S) bool view); none when undefined.
+void fill_mask(AttnFwdParams& p, const at::Tensor& mask);
+
 // fill_fwd plus the gradients; p.deterministic follows
 // torch.use_deterministic_algorithms (warn_only: the default order, with a warning).
 void fill_bwd(AttnBwdParams& p, const at::Tensor& grad_out, const at::Tensor& dq, const at::Tensor& dk,

@@ -16,6 +16,16 @@ constexpr int kMaxRows = 256;       // rows per kv head at most, a CTA per tile 
 
 constexpr int kStages = 3;          // tiles in a warp's ring: two in flight while one is read
 
+// With attn_mask a CTA first lists the tiles of its split that one of its rows
+// sees, in shared memory after the rings, and the warps take the listed tiles
+// alone: a static cache's unused tail costs a read of its mask bytes, not of
+// its keys. An entry is the tile's index in the split, its top bit set when
+// the mask hides some of the tile (those tiles read the mask per score).
+constexpr int kMaxListedTiles = 2048;                    // a masked split's tiles at most
+constexpr int kMaxMaskedSplitKeys = kMaxListedTiles * kTileKeys;
+constexpr int kMaxSplits = 128;
+constexpr unsigned kPartlyHidden = 0x8000;
+
 // Shared memory of one CTA: Q (its 16 rows), then each warp's ring of K and V
 // tiles. Rows are padded by 16 bytes so that the eight rows an ldmatrix reads
 // start in different banks.
@@ -23,11 +33,15 @@ constexpr size_t smem_row_elems(int head_dim) { return size_t(head_dim) + 8; }
 constexpr size_t smem_bytes(int head_dim) {
   return (kTileRows + size_t(kWarps) * kStages * 2 * kTileKeys) * smem_row_elems(head_dim) * 2;
 }
+// With a mask: the tile list (16-bit entries) and a count per warp after that.
+constexpr size_t smem_bytes(int head_dim, bool masked) {
+  return smem_bytes(head_dim) + (masked ? kMaxListedTiles * 2 + kWarps * 4 : 0);
+}
 
 // CTAs of the decode kernel an SM holds at once (shared memory bounds it).
-inline int ctas_per_sm(int head_dim) {
+inline int ctas_per_sm(int head_dim, bool masked) {
   constexpr size_t kSmemPerSm = 228 * 1024, kReservedPerCta = 1024;
-  const size_t fit = kSmemPerSm / (smem_bytes(head_dim) + kReservedPerCta);
+  const size_t fit = kSmemPerSm / (smem_bytes(head_dim, masked) + kReservedPerCta);
   return fit < 1 ? 1 : (fit > 4 ? 4 : int(fit));
 }
 

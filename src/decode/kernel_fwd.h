@@ -15,7 +15,8 @@
 //     next mma's operand layout).
 // The warps' partial outputs are summed in shared memory at the end, in a
 // fixed order. One split writes the output and lse; several write partials
-// that combine_kernel merges.
+// that combine_kernel merges. With attn_mask (kMasked) the warps take only the
+// tiles list_tiles() found one of the CTA's rows to see (config.h).
 #pragma once
 
 #include <cmath>
@@ -91,6 +92,29 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   }
 }
 
+// Whether one of the four bytes of w is zero.
+__device__ __forceinline__ bool has_zero_byte(uint32_t w) { return ((w - 0x01010101u) & ~w & 0x80808080u) != 0; }
+
+// Over the keys [key0, min(key0 + kTileKeys, end)) of one mask row (a byte per
+// key, col_stride apart): whether one is visible (any) and one hidden.
+__device__ __forceinline__ void scan_mask_row(const uint8_t* row, int64_t col_stride, int key0, int end, bool& any,
+                                              bool& hidden) {
+  const int n = min(kTileKeys, end - key0);
+  if (n <= 0) return;
+  const uint8_t* keys = row + key0 * col_stride;
+  if (col_stride == 1 && n == kTileKeys && reinterpret_cast<uintptr_t>(keys) % 16 == 0) {
+    const uint4 x = *reinterpret_cast<const uint4*>(keys);
+    any |= (x.x | x.y | x.z | x.w) != 0;
+    hidden |= has_zero_byte(x.x) || has_zero_byte(x.y) || has_zero_byte(x.z) || has_zero_byte(x.w);
+  } else {
+    for (int j = 0; j < n; ++j) {
+      const bool visible = keys[j * col_stride] != 0;
+      any |= visible;
+      hidden |= !visible;
+    }
+  }
+}
+
 // The CTA's shared memory, carved from smem_bytes(kE).
 template <int kE>
 struct Smem {
@@ -106,7 +130,7 @@ struct Smem {
                 "the merge fits in the rings");
 };
 
-template <class Element, int kE>
+template <class Element, int kE, bool kMasked>
 __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const AttnFwdParams p, const Rows rows,
                                                          const Splits splits) {
   static_assert(kE % 16 == 0 && kE <= 256, "head dims are multiples of 16, at most 256");
@@ -120,15 +144,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   const int row0 = blockIdx.x % rows.tiles() * kTileRows;  // this CTA's first row
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
-  const auto mask = mask::causal_if(p.is_causal, len_q, len_k);
+  const auto band = mask::causal_if(p.is_causal, len_q, len_k);  // is_causal
   const int split_begin = split * splits.chunk;
   const int last_row = min(row0 + kTileRows, rows.count) - 1;
-  const int split_end = min(split_begin + splits.chunk, mask.key_end(rows.position(last_row)));
+  const int split_end = min(split_begin + splits.chunk, band.key_end(rows.position(last_row)));
   // The warps take the split's tiles in turns (warp w: tiles w, w + kWarps, ...),
   // so that the CTA's loads sweep its keys front to back together.
   const int split_tiles = split_end > split_begin ? (split_end - split_begin + kTileKeys - 1) / kTileKeys : 0;
-  const int tiles = split_tiles > warp ? (split_tiles - warp + kWarps - 1) / kWarps : 0;
-  auto tile_key0 = [&](int t) { return split_begin + (t * kWarps + warp) * kTileKeys; };
 
   // Q: 16 rows, those past the call's zero (their results are dropped).
   for (int i = tid; i < kTileRows * kChunks; i += kThreads) {
@@ -142,6 +164,57 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     cp_async_16(q_smem + (r - row0) * S::kRowElems + c * 8, src, valid);
   }
   cp_async_commit();
+
+  // The thread's two rows (g, g + 8) of the mma tiles, and its columns' offset.
+  const int g = lane / 4, pair = 2 * (lane % 4);
+  const int key_end_row[2] = {band.key_end(rows.position(row0 + g)), band.key_end(rows.position(row0 + g + 8))};
+  // Row r's mask row; null past the call's rows.
+  auto mask_row = [&](int r) -> const uint8_t* {
+    if (r >= rows.count) return nullptr;
+    return p.mask.values + int64_t(batch) * p.mask.values_batch_stride +
+           int64_t(rows.head_q(head_kv, r)) * p.mask.values_head_stride +
+           int64_t(rows.position(r)) * p.mask.values_row_stride;
+  };
+  uint16_t* const list = reinterpret_cast<uint16_t*>(smem_raw + smem_bytes(kE));
+  int listed = split_tiles;  // the split's tiles the warps take
+  if constexpr (kMasked) {
+    // The list, in the split's order (so that every run sums in one order): a
+    // round of kThreads tiles at a time, each thread classifying one, the
+    // round's live tiles packed by warp ballots.
+    int* const warp_live = reinterpret_cast<int*>(list + kMaxListedTiles);
+    listed = 0;
+    for (int round = 0; round < split_tiles; round += kThreads) {
+      const int tile = round + tid;
+      bool any = false, hidden = false;
+      if (tile < split_tiles) {
+        const int key0 = split_begin + tile * kTileKeys;
+        for (int r = row0; r <= last_row; ++r) {
+          const int end = min(split_end, band.key_end(rows.position(r)));
+          scan_mask_row(mask_row(r), p.mask.values_col_stride, key0, end, any, hidden);
+        }
+      }
+      const unsigned live = __ballot_sync(0xffffffffu, any);
+      if (lane == 0) warp_live[warp] = __popc(live);
+      __syncthreads();
+      int slot = listed + __popc(live & ((1u << lane) - 1)), total = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        slot += w < warp ? warp_live[w] : 0;
+        total += warp_live[w];
+      }
+      if (any) list[slot] = uint16_t(tile | (hidden ? kPartlyHidden : 0u));
+      listed += total;
+      __syncthreads();  // warp_live is rewritten next round; the list is read below
+    }
+  }
+  const int tiles = listed > warp ? (listed - warp + kWarps - 1) / kWarps : 0;
+  // The warp's t-th tile: its index in the split, and whether the mask hides part of it.
+  auto tile_index = [&](int t) -> int {
+    const int i = t * kWarps + warp;
+    if constexpr (kMasked) return list[i] & ~kPartlyHidden;
+    return i;
+  };
+  auto tile_key0 = [&](int t) { return split_begin + tile_index(t) * kTileKeys; };
 
   const Element* k_head = static_cast<const Element*>(p.k) + int64_t(batch) * p.k_batch_stride +
                           int64_t(head_kv) * p.k_head_stride;
@@ -171,13 +244,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     cp_async_commit();
   }
 
-  // The thread's two rows (g, g + 8) of the mma tiles, and its columns' offset.
-  const int g = lane / 4, pair = 2 * (lane % 4);
   float o[kNBlocks][4];
 #pragma unroll
   for (int n = 0; n < kNBlocks; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's columns only
-  const int key_end_row[2] = {mask.key_end(rows.position(row0 + g)), mask.key_end(rows.position(row0 + g + 8))};
+  const uint8_t* const my_mask_rows[2] = {kMasked ? mask_row(row0 + g) : nullptr,
+                                          kMasked ? mask_row(row0 + g + 8) : nullptr};
   // ldmatrix addresses: lane i names row i % 16 (A) or the matching K/V row.
   const Element* q_frag = q_smem + (lane % 16) * S::kRowElems + (lane / 16) * 8;
   const int k_row = (lane % 8) + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;
@@ -193,6 +265,24 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     cp_async_commit();
     const Element* ks = k_tile(t % S::kStages);
     const Element* vs = v_tile(t % S::kStages);
+    const int key0 = tile_key0(t);
+
+    // The mask's bytes for the thread's scores, where it hides part of the
+    // tile; loaded before the products so that their latency hides behind them.
+    bool hidden[2][4] = {};
+    if constexpr (kMasked) {
+      if (list[t * kWarps + warp] & kPartlyHidden) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int key = key0 + (j / 2) * 8 + pair + j % 2;
+            hidden[h][j] = my_mask_rows[h] != nullptr && key < split_end &&
+                           my_mask_rows[h][key * p.mask.values_col_stride] == 0;
+          }
+        }
+      }
+    }
 
     // S = Q K^T: two 8-key tiles.
     float s[2][4] = {};
@@ -206,15 +296,14 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     }
 
     // Online softmax, in log2 units; keys past the split's end or the row's
-    // causal end score -inf.
-    const int key0 = tile_key0(t);
+    // causal end, or hidden by the mask, score -inf.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // row g, then g + 8
       float x[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int key = key0 + (j / 2) * 8 + pair + j % 2;
-        const bool live = key < split_end && key < key_end_row[h];
+        const bool live = key < split_end && key < key_end_row[h] && !hidden[h][j];
         x[j] = live ? s[j / 2][2 * h + j % 2] * p.scale_log2 : -INFINITY;
       }
       float tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));

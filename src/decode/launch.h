@@ -19,8 +19,15 @@ namespace tfb::decode {
 // Rows a CTA serves: the group's query heads times the query positions.
 inline int rows_per_kv_head(const AttnFwdParams& p) { return p.heads_q / p.heads_kv * p.len_q; }
 
+inline bool masked(const AttnFwdParams& p) { return p.mask.values != nullptr; }
+
 inline bool fits(const AttnFwdParams& p) {
-  return p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_q <= kMaxQueryLen &&
+  // Masks beyond attn_mask (windows, a tile summary) are not read here.
+  const MaskArgs none{};
+  const bool mask_ok = p.mask.bottom_right == none.bottom_right && p.mask.window_left == none.window_left &&
+                       p.mask.window_right == none.window_right && p.mask.tile_kinds == nullptr &&
+                       (!masked(p) || p.len_k <= int64_t(kMaxSplits) * kMaxMaskedSplitKeys);
+  return mask_ok && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_q <= kMaxQueryLen &&
          p.len_k >= 1 && p.batch >= 1 &&
          rows_per_kv_head(p) <= kMaxRows && p.heads_kv <= 65535 && p.batch <= 65535 && !p.seqlens.cu_q &&
          !p.seqlens.cu_k && !p.seqlens.used_k;
@@ -28,15 +35,18 @@ inline bool fits(const AttnFwdParams& p) {
 
 // Splits so that the CTAs fill the GPU's CTA slots about once (a second,
 // partial wave would leave SMs idle at the end), each with at least
-// kMinSplitKeys keys.
+// kMinSplitKeys keys and a whole number of tiles. A mask can hide most of a
+// split (a cache's tail): masked calls take twice as many, so that the keys in
+// use still spread over the SMs, and at most kMaxMaskedSplitKeys keys each.
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
-  const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim);
-  const int64_t wanted = std::max<int64_t>(1, slots / ctas);
+  const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim, masked(p));
+  int64_t wanted = std::max<int64_t>(1, slots / ctas);
+  if (masked(p)) wanted = std::max<int64_t>(2 * wanted, (keys + kMaxMaskedSplitKeys - 1) / kMaxMaskedSplitKeys);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
-  const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, 128)));
-  const int chunk = (keys + count - 1) / count;
+  const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, kMaxSplits)));
+  const int chunk = ((keys + count - 1) / count + kTileKeys - 1) / kTileKeys * kTileKeys;
   return {(keys + chunk - 1) / chunk, chunk};
 }
 

@@ -22,12 +22,15 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   }
   const Rows rows{rows_per_kv_head(p), p.heads_q / p.heads_kv};
   const dim3 grid(unsigned(splits.count * rows.tiles()), p.heads_kv, p.batch);
-  constexpr size_t kSmem = smem_bytes(kHeadDim);
-  // Per device: set on every launch (the current device may differ from the last's).
-  cudaError_t err = cudaFuncSetAttribute(split_kernel<Element, kHeadDim>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  auto launch = [&](auto kernel, size_t smem) {
+    // Per device: set on every launch (the current device may differ from the last's).
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err == cudaSuccess) kernel<<<grid, kThreads, smem, stream>>>(p, rows, splits);
+    return err;
+  };
+  const cudaError_t err = masked(p) ? launch(split_kernel<Element, kHeadDim, true>, smem_bytes(kHeadDim, true))
+                                    : launch(split_kernel<Element, kHeadDim, false>, smem_bytes(kHeadDim, false));
   if (err != cudaSuccess) return err;
-  split_kernel<Element, kHeadDim><<<grid, kThreads, kSmem, stream>>>(p, rows, splits);
   if (splits.count > 1) {
     const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;
     combine_kernel<Element, kHeadDim><<<unsigned((all_rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
