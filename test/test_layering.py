@@ -187,7 +187,7 @@ def test_library_loads_with_torch_ops_load_library():
     assert fwd.startswith("torch_flash_backend::fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, "
                           "str? family=None, str? backward_family=None, Tensor? attn_mask=None)")
     assert bwd.startswith("torch_flash_backend::bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                          "float? scale=None, bool is_causal=False, str? family=None)")
+                          "float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None)")
 
 
 def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):
