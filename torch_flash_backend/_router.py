@@ -322,9 +322,9 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     MIN_QUERY_LEN goes to a decode family or to PyTorch (faster there than the
     tiled forwards), and a longer one never to a decode family; else any
     family that can run the call (flash_attn with pinned families). masked: a
-    boolean attn_mask, which only families with masks=true read; with one, a
-    single token goes to the decode family too (PyTorch's SDPA has no fast
-    masked path there)."""
+    boolean attn_mask, which only families with masks=true read (single tokens
+    follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
+    fully used cache's mask faster; RESULTS.md v16)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -367,7 +367,7 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         fwd_kernels = [k for k in fwd_kernels if not k.max_rows or (length < MIN_QUERY_LEN and rows <= k.max_rows)]
     elif length < MIN_QUERY_LEN:
         decoders = [k for k in fwd_kernels if k.max_rows]
-        if decoders and length == 1 and not route_single and not masked:
+        if decoders and length == 1 and not route_single:
             return _fallback(DECODE_SLOWER_REASON)
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if fwd_kernels and rows > ROUTE_MAX_DECODE_ROWS:

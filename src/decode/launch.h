@@ -35,15 +35,16 @@ inline bool fits(const AttnFwdParams& p) {
 
 // Splits so that the CTAs fill the GPU's CTA slots about once (a second,
 // partial wave would leave SMs idle at the end), each with at least
-// kMinSplitKeys keys and a whole number of tiles. A mask can hide most of a
-// split (a cache's tail): masked calls take twice as many, so that the keys in
-// use still spread over the SMs, and at most kMaxMaskedSplitKeys keys each.
+// kMinSplitKeys keys and a whole number of tiles; masked calls at most
+// kMaxMaskedSplitKeys keys each. (Twice as many splits for masked calls, so
+// that a cache's used part spreads over more SMs, measured slower: a second
+// wave of CTAs at 1K keys, 29 against 19 µs.)
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::causal_if(p.is_causal, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
   const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim, masked(p));
   int64_t wanted = std::max<int64_t>(1, slots / ctas);
-  if (masked(p)) wanted = std::max<int64_t>(2 * wanted, (keys + kMaxMaskedSplitKeys - 1) / kMaxMaskedSplitKeys);
+  if (masked(p)) wanted = std::max<int64_t>(wanted, (keys + kMaxMaskedSplitKeys - 1) / kMaxMaskedSplitKeys);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, kMaxSplits)));
   const int chunk = ((keys + count - 1) / count + kTileKeys - 1) / kTileKeys * kTileKeys;
