@@ -61,10 +61,17 @@ def check_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> None:
                          "float masks are not supported by these ops")
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {q.device}")
+    bad_shape = mask_shape_problem(attn_mask, q, k)
+    if bad_shape is not None:
+        raise ValueError(bad_shape)
+
+
+def mask_shape_problem(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Why attn_mask does not broadcast to (B, Hq, L, S), as SDPA broadcasts it, or None."""
     full = (q.size(0), q.size(1), q.size(2), k.size(2))
     if attn_mask.dim() > 4 or any(m != 1 and m != f for m, f in zip(reversed(attn_mask.shape), reversed(full))):
-        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, heads, L, S) = "
-                         f"{full}")
+        return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, heads, L, S) = {full}"
+    return None
 
 
 def check_sdpa_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:

@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from ._checks import VECTOR_BYTES, check_sdpa_args, misaligned
+from ._checks import VECTOR_BYTES, check_sdpa_args, mask_shape_problem, misaligned
 from ._library import built_kernel_set, family_limits
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
@@ -279,10 +279,7 @@ def _mask_problem(attn_mask, q, k, is_causal) -> str | None:
         return f"attn_mask is on {attn_mask.device} but q is on {q.device}"
     if attn_mask.is_nested or attn_mask.layout != torch.strided:
         return "attn_mask is not a dense strided tensor"
-    full = (q.size(0), q.size(1), q.size(2), k.size(2))
-    if attn_mask.dim() > 4 or any(m != 1 and m != f for m, f in zip(reversed(attn_mask.shape), reversed(full))):
-        return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}"
-    return None
+    return mask_shape_problem(attn_mask, q, k)
 
 
 def _broadcast(q, k, v) -> bool:
