@@ -15,8 +15,8 @@
 //     next mma's operand layout).
 // The warps' partial outputs are summed in shared memory at the end, in a
 // fixed order. One split writes the output and lse; several write partials
-// that combine_kernel merges. With attn_mask (kMasked) the warps take only the
-// tiles list_tiles() found one of the CTA's rows to see (config.h).
+// that combine_kernel merges. With attn_mask (kMasked) the CTA first lists the
+// split's tiles one of its rows sees, and the warps take those alone (config.h).
 #pragma once
 
 #include <cmath>
