@@ -28,7 +28,8 @@ DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA s
 # Measured on an H100 (benchmarks/RESULTS.md, v15), the decode family beats
 # PyTorch's SDPA from two query tokens up (1.3-6x at four) but not on one (0.6-0.96x):
 # enable() leaves single tokens to PyTorch (the default of
-# probe.route_single_tokens). flash_attn and the ops (family="decode" or None) run it.
+# probe.route_single_tokens), with a boolean mask too (v16: cuDNN reads a fully
+# used cache's mask 5-12% faster). flash_attn and the ops (family="decode" or None) run it.
 ROUTE_SINGLE_TOKENS = False
 # The decode family serves up to its registry max_rows query rows per kv head,
 # a CTA per 16-row tile, each reading the keys again (from L2 at best); past
