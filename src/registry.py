@@ -30,7 +30,7 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
-    # Reads a boolean attn_mask (broadcast with stride 0 where it is) in the forward.
+    # Its passes read a boolean attn_mask (broadcast with stride 0 where it is).
     masks: bool = False
 
 

@@ -378,3 +378,24 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
         monkeypatch.setenv(_router.FAMILIES_ENV, "sm80")
         assert tfb.explain(q, k, v) is not first
     assert not tfb.explain(q, k, v).served  # route_cpu left: the probe moved on
+
+
+def test_boolean_masks_served_by_decode(fake, monkeypatch):
+    """A boolean mask on a short query goes to the decode family, the only one
+    whose registry entry reads masks; grad (no backward reads one), a long query,
+    a float mask and a mask with is_causal fall back, each with its reason. flash_attn's
+    pinned choice follows the same rules."""
+    with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
+        mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
+        d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask)
+        assert d.kernel == "decode_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
+        assert _router.pinned_families(*qkv(length=4, s=1000), masked=True) == ("decode", None)
+        assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask) == _router.MASK_GRAD_REASON
+        with pytest.raises(RuntimeError, match="require grad"):
+            _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), masked=True)
+        assert reason(*qkv(length=17, s=1000), attn_mask=mask[:, :, :1]) == _router.MASK_LONG_QUERY_REASON
+        assert "only boolean masks" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
+        assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
+        assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
+        monkeypatch.setattr(_router.probe, "route_single_tokens", True)
+        assert tfb.explain(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]).kernel == "decode_fwd_bf16_hdim64"

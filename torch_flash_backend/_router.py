@@ -252,8 +252,6 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
-    elif masked and needs_grad:
-        return _fallback(MASK_GRAD_REASON)
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, masked=masked)
@@ -294,10 +292,11 @@ def _broadcast(q, k, v) -> bool:
 
 def pinned_families(q, k, v, needs_grad: bool | None = None, masked: bool = False) -> tuple[str | None, str | None]:
     """The (forward, backward) families for a call to the ops that skips
-    decide() (flash_attn): (None, None) when TFB_KERNEL_FAMILIES is unset or q
-    is not on CUDA, so the ops run the registry's first kernel that can; else the
-    allowed families' choice, raising with the reason when none serves."""
-    if allowed_families() is None or q.device.type != "cuda":
+    decide() (flash_attn): (None, None) when q is not on CUDA, or when
+    TFB_KERNEL_FAMILIES is unset and there is no mask, so the ops run the
+    registry's first kernel that can; else the (allowed) families' choice,
+    raising with the reason when none serves."""
+    if q.device.type != "cuda" or (allowed_families() is None and not masked):
         return None, None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -395,6 +394,9 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     for family in families:
         bwd = by_name.get(f"{family}_bwd{suffix}")
         if bwd is None:
+            continue
+        if masked and not bwd.masks:
+            why_not = MASK_GRAD_REASON
             continue
         if smem < bwd.smem_bytes:
             why_not = (f"inputs require grad and the {family} backward needs {bwd.smem_bytes // 1024} KB of "

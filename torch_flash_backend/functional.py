@@ -37,11 +37,6 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         check_mask(attn_mask, q, k)
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if q.device.type == "cuda" and needs_grad:
-            raise NotImplementedError(f"flash_attn: {_router.MASK_GRAD_REASON}")
-        if q.device.type == "cuda" and q.size(2) >= _router.MIN_QUERY_LEN:
-            raise NotImplementedError(f"flash_attn: {_router.MASK_LONG_QUERY_REASON}")
     family, backward_family = _router.pinned_families(q, k, v, masked=attn_mask is not None)
     masked = {} if attn_mask is None else {"attn_mask": attn_mask}
     return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family,
