@@ -1,6 +1,7 @@
 """A small grid of forward and backward launches for compute-sanitizer, once with
-the forward pinned to sm80 and once with the default families (on Hopper: the
-sm90 forward), the backward being sm80's either way. Head dim 192 is the sm90
+both passes pinned to sm80 and once with the default families (on Hopper: the
+sm90 forward, and the sm90 backward for the head dims it has; several key tiles
+per CTA in its deterministic mode). Head dim 192 is the sm90
 forward that stages O in Q's buffer; the bf16 shape with more query tiles than
 SMs has the persistent sm90 CTAs run several tiles, reusing their buffers.
 Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
@@ -27,6 +28,12 @@ def fwd(q, k, v, scale, causal):
     return ops.fwd(q, k, v, scale, causal, _router.pinned_families(q, k, v, needs_grad=False)[0])
 
 
+def bwd(dout, q, k, v, out, lse, scale, causal):
+    """The backward op with the family the pinned families choose."""
+    family = _router.pinned_families(q, k, v, needs_grad=True)[1]
+    return ops.bwd(dout, q, k, v, out, lse, scale, causal, family)
+
+
 def grid(head_dims):
     torch.manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16):
@@ -40,8 +47,8 @@ def grid(head_dims):
                     k = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
                     v = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
                     out, lse = fwd(q, k, v, None, causal)
-                    if l < 1000:  # the backward is sm80's in both passes: the small shapes cover it
-                        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
+                    if l < 1000:  # the small shapes cover the backward
+                        bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
     torch.cuda.synchronize()
 
 
@@ -49,11 +56,11 @@ def edges(e):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 4, 300, e, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out, lse = fwd(q, k, v, 0.0, True)
-    ops.bwd(torch.randn_like(out), q, k, v, out, lse, 0.0, True)
+    bwd(torch.randn_like(out), q, k, v, out, lse, 0.0, True)
     torch.use_deterministic_algorithms(True)
     try:
         out, lse = fwd(q, k, v, None, True)
-        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, True)
+        bwd(torch.randn_like(out), q, k, v, out, lse, None, True)
     finally:
         torch.use_deterministic_algorithms(False)
     # Scores near 1e11: the sm80 forward's CTAs start over with the exact
@@ -63,7 +70,7 @@ def edges(e):
     fwd(big[:, :, :70], big, big, None, False)
     q = torch.randn(1, 65600, 1, e, device="cuda", dtype=torch.bfloat16)
     out, lse = fwd(q, q, q, None, False)
-    ops.bwd(torch.randn_like(out), q, q, q, out, lse, None, False)
+    bwd(torch.randn_like(out), q, q, q, out, lse, None, False)
     torch.cuda.synchronize()
 
 

@@ -36,18 +36,22 @@ cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t strea
 
 namespace sm90 {
 
-// The Hopper forward (sm_90a: TMA, wgmma, warp specialisation). Head dims
-// without an instantiation here are served by sm80.
+// The Hopper forward and backward (sm_90a: TMA, wgmma, warp specialisation).
+// Head dims without an instantiation here are served by sm80.
 bool has_fwd(DType dtype, int head_dim);
+bool has_bwd(DType dtype, int head_dim);
 
 // Whether these sizes and strides fit the TMA descriptors (16-byte aligned
 // pointers and strides, none 0) and the lengths are the same for every batch;
 // when false, sm80 serves the call.
 bool can_run_fwd(const AttnFwdParams& params);
+bool can_run_bwd(const AttnBwdParams& params);  // the same for q, k, v and dout
 
 size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
+size_t bwd_workspace_bytes(const AttnBwdParams& params);  // sm80's layout (dQ accumulator, row statistics)
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
+cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream);
 
 }  // namespace sm90
 

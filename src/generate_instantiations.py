@@ -34,15 +34,16 @@ def kernel_list_h() -> str:
              "#define TFB_KERNEL_PASSES(X) " + " ".join(f"X({f.name}, {p})" for f in registry.FAMILIES for p in f.passes),
              "",
              "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head dims); cc",
-             "// as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit; masks: reads attn_mask.",
+             "// as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit; masks: reads attn_mask;",
+             "// head dims per pass, \"fwd:64,128;bwd:64\".",
              "#define TFB_KERNEL_FAMILIES(X) " + " ".join(
                  f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, {str(f.masks).lower()}, '
-                 f'"{",".join(f.passes)}", "{",".join(map(str, f.head_dims))}")'
+                 f'"{",".join(f.passes)}", "{";".join(p + ":" + ",".join(map(str, f.dims(p))) for p in f.passes)}")'
                  for f in registry.FAMILIES),
              ""]
     for f in registry.FAMILIES:
         for p in f.passes:
-            lines.append(f"#define TFB_{f.name.upper()}_{p.upper()}_HEAD_DIMS {', '.join(map(str, f.head_dims))}")
+            lines.append(f"#define TFB_{f.name.upper()}_{p.upper()}_HEAD_DIMS {', '.join(map(str, f.dims(p)))}")
     lines.append(f"#define TFB_HEAD_DIMS_ALL {', '.join(map(str, registry.HEAD_DIMS))}")
     lines += ["", "namespace tfb {", "",
               "// Whether this build compiled head dim d (for the families that have it).",
@@ -78,7 +79,7 @@ def generate(out_root: pathlib.Path) -> None:
         out = out_root / f.name / "instantiations"
         out.mkdir(parents=True, exist_ok=True)
         wanted = {out_root / registry.instantiation_file(f.name, p, d, dtype): (p, d, element)
-                  for p in f.passes for d in f.head_dims for dtype, element in registry.DTYPES.items()}
+                  for p in f.passes for d in f.dims(p) for dtype, element in registry.DTYPES.items()}
         for stale in out.glob("*.cu"):
             if stale not in wanted:
                 stale.unlink()

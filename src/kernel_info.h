@@ -14,6 +14,7 @@ size_t smem_bytes_bwd(DType dtype, int head_dim);  // the smallest configuration
 }  // namespace sm80
 namespace sm90 {
 size_t smem_bytes_fwd(DType dtype, int head_dim);
+size_t smem_bytes_bwd(DType dtype, int head_dim);
 }  // namespace sm90
 namespace decode {
 size_t smem_bytes_fwd(DType dtype, int head_dim);

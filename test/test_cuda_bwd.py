@@ -1,10 +1,11 @@
-"""The sm80 backward op against float64 autograd, with PyTorch's own same-dtype
-SDPA backward as the error baseline (the 2x rule of test/reference.py).
+"""The backward op (sm80, and sm90 on compute capability 9.0) against float64
+autograd, with PyTorch's own same-dtype SDPA backward as the error baseline (the
+2x rule of test/reference.py).
 
 test_bwd_matches_reference takes out and lse from the float64 reference, so it
 needs no forward kernel; test_grads_through_forward_and_backward runs our forward
 and then our backward through autograd, on the default families (on Hopper: the
-sm90 forward, the sm80 backward) and pinned to sm80.
+sm90 forward and, for the head dims it has, the sm90 backward) and pinned to sm80.
 
 The baseline is the larger error of PyTorch's default SDPA backend and of its
 flash backend. The kernel computes FlashAttention-2's backward (dS rounded to
@@ -49,8 +50,13 @@ CASES = [
 ]
 
 
-def _built_bwd_head_dims():
-    return {int(n.split("hdim")[1]) for n in tfb.built_kernels() if n.startswith("sm80_bwd")}
+def _built_bwd_head_dims(family="sm80"):
+    return {int(n.split("hdim")[1]) for n in tfb.built_kernels() if n.startswith(f"{family}_bwd")}
+
+
+def _bwd_runs_here(family):
+    """Whether the family's backward runs on this GPU (sm90: compute capability 9.0 alone)."""
+    return family != "sm90" or torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.fixture(autouse=True)
@@ -88,18 +94,23 @@ def _dtype_name(dtype):
     return "fp16" if dtype == torch.float16 else "bf16"
 
 
-def _default_forward_family(dtype, head_dim):
-    sm90 = f"sm90_fwd_{_dtype_name(dtype)}_hdim{head_dim}"
+def _default_family(dtype, head_dim, pass_="fwd"):
+    sm90 = f"sm90_{pass_}_{_dtype_name(dtype)}_hdim{head_dim}"
     return "sm90" if torch.cuda.get_device_capability() == (9, 0) and sm90 in tfb.built_kernels() else "sm80"
 
 
+def _default_forward_family(dtype, head_dim):
+    return _default_family(dtype, head_dim)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_bwd_matches_reference(dtype, head_dim, case):
-    if head_dim not in _built_bwd_head_dims():
-        pytest.skip(f"no sm80 backward built for head_dim={head_dim}")
+def test_bwd_matches_reference(dtype, head_dim, case, family):
+    if head_dim not in _built_bwd_head_dims(family) or not _bwd_runs_here(family):
+        pytest.skip(f"no {family} backward built for head_dim={head_dim} that runs here")
     b, hq, hkv, L, S, causal, layout, scale = case
     torch.manual_seed(hash((head_dim, L, S, hq, causal)) % 2**31)
     q = _make(b, hq, L, head_dim, dtype, layout)
@@ -113,9 +124,10 @@ def test_bwd_matches_reference(dtype, head_dim, case):
 
     out = torch.empty_like(q).copy_(out64.detach())
     lse = lse64.detach().float().contiguous()
-    ours = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal)
+    torch.cuda.synchronize()
+    ours = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal, family)
 
-    _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale)
+    _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale, f"{family}: ")
 
 
 def _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale, what=""):
@@ -168,6 +180,7 @@ def test_grads_through_forward_and_backward(dtype, head_dim, case, families):
         if name not in tfb.built_kernels():
             pytest.skip(f"{name} not built")
     forward_family = families[0] if families else _default_forward_family(dtype, head_dim)
+    backward_family = families[0] if families else _default_family(dtype, head_dim, "bwd")
     if not families and forward_family == "sm80":
         pytest.skip("the default forward here is sm80, which the [sm80] run covers")
     b, hq, hkv, L, S, causal, layout, scale = case
@@ -180,7 +193,7 @@ def test_grads_through_forward_and_backward(dtype, head_dim, case, families):
     with testing.kernel_families(*families):
         if L >= 17:  # shorter queries fall back under enable(); flash_attn serves them anyway
             decision = tfb.explain(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
-            expected = (f"{forward_family}_fwd_{dn}_hdim{head_dim}", f"sm80_bwd_{dn}_hdim{head_dim}")
+            expected = (f"{forward_family}_fwd_{dn}_hdim{head_dim}", f"{backward_family}_bwd_{dn}_hdim{head_dim}")
             assert (decision.kernel, decision.backward_kernel) == expected, str(decision)
         out = tfb.flash_attn(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
         ours = torch.autograd.grad(out, (q, k, v), dout)
@@ -190,26 +203,45 @@ def test_grads_through_forward_and_backward(dtype, head_dim, case, families):
     ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
     with torch.no_grad():
         baseline = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
-    what = f"{forward_family} forward, sm80 backward: "
+    what = f"{forward_family} forward, {backward_family} backward: "
     assert_within_baseline(f"{what}out", out.detach(), baseline, out64.detach())
     _assert_grads_within_baseline(ours, ref, q, k, v, dout, causal, scale, what)
 
 
 @pytest.mark.gpu
-def test_default_path_on_hopper_is_sm90_forward_sm80_backward():
-    if _default_forward_family(torch.bfloat16, 128) != "sm90" or 128 not in _built_bwd_head_dims():
-        pytest.skip("needs compute capability 9.0 with sm90_fwd_bf16_hdim128 and sm80_bwd_bf16_hdim128 built")
+def test_default_path_on_hopper_is_sm90_both_ways():
+    if _default_family(torch.bfloat16, 128, "bwd") != "sm90" or 128 not in _built_bwd_head_dims():
+        pytest.skip("needs compute capability 9.0 with sm90_fwd/bwd_bf16_hdim128 and sm80_bwd_bf16_hdim128 built")
     q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     decision = tfb.explain(q, k, v, is_causal=True)
     assert str(decision) == ("served by sm90_fwd_bf16_hdim128 (bf16, head dim 128, causal, "
-                             "backward by sm80_bwd_bf16_hdim128)")
+                             "backward by sm90_bwd_bf16_hdim128)")
 
     def step():
         with tfb.enable(strict=True):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-    assert testing.launched_families(step) == {"sm90", "sm80"}
+    assert testing.launched_families(step) == {"sm90"}
     with testing.kernel_families("sm80"):
         assert testing.launched_families(step) == {"sm80"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_backward_of_a_broadcast_gradient(head_dim):
+    """out.sum()'s gradient is one value broadcast with stride 0, which TMA cannot
+    read: the autograd formula makes it dense for the sm90 backward."""
+    if _default_family(torch.bfloat16, head_dim, "bwd") != "sm90":
+        pytest.skip("needs compute capability 9.0 with the sm90 backward built")
+    torch.manual_seed(head_dim)
+    q, k, v = (torch.randn(1, 200, 2, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               .requires_grad_() for _ in range(3))
+    out = tfb.flash_attn(q, k, v, is_causal=True)
+    assert tfb.explain(q, k, v, is_causal=True).backward_kernel.startswith("sm90_bwd")
+    ours = torch.autograd.grad(out.sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, _ = attention_ref(q64, k64, v64, None, True)
+    ref = torch.autograd.grad(out64.sum(), (q64, k64, v64))
+    _assert_grads_within_baseline(ours, ref, q, k, v, torch.ones_like(out), True, None)

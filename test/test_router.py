@@ -22,7 +22,8 @@ def fake():
 
 
 SM80 = testing.registry_kernel_names("sm80")
-SM90_FWD = testing.registry_kernel_names("sm90")
+SM90 = testing.registry_kernel_names("sm90")
+SM90_FWD = [n for n in SM90 if n.startswith("sm90_fwd")]
 
 
 def qkv(b=2, hq=4, hkv=4, length=64, s=64, e=64, dtype=torch.bfloat16, device="cuda", requires_grad=False):
@@ -231,6 +232,8 @@ def test_backward_needs_shared_memory(fake):
 
 
 def test_hopper_forward_sm90_backward_sm80(fake):
+    """With the sm90 forwards alone built beside sm80 (a build before the sm90
+    backward, or TFB_KERNEL_FAMILIES allowing both), sm80 serves the backward."""
     with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD):
         d = tfb.explain(*qkv(e=128))
         assert d.served and d.kernel == "sm90_fwd_bf16_hdim128" and d.backward_kernel is None, str(d)
@@ -244,6 +247,24 @@ def test_hopper_forward_sm90_backward_sm80(fake):
         # sm90 has no head dim 32: sm80 serves both directions.
         d = tfb.explain(*qkv(e=32, dtype=torch.float16, requires_grad=True))
         assert (d.kernel, d.backward_kernel) == ("sm80_fwd_fp16_hdim32", "sm80_bwd_fp16_hdim32"), str(d)
+
+
+def test_hopper_sm90_both_ways_where_it_has_a_backward(fake):
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90):
+        for e in (64, 128):
+            d = tfb.explain(*qkv(hq=8, hkv=2, e=e, requires_grad=True), is_causal=True, enable_gqa=True)
+            assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{e}", f"sm90_bwd_bf16_hdim{e}"), str(d)
+        # No sm90 backward for head dims 96, 192, 256: sm80's serves them.
+        for e in (96, 192, 256):
+            d = tfb.explain(*qkv(e=e, requires_grad=True))
+            assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{e}", f"sm80_bwd_bf16_hdim{e}"), str(d)
+        # Inputs broadcast with stride 0: sm80 both ways (TMA cannot read them).
+        q, k, v = qkv(e=128, requires_grad=True)
+        d = tfb.explain(q, k[:, :1].expand(k.shape), v)
+        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(d)
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM90), testing.kernel_families("sm90"):
+        q, k, v = qkv(e=128, requires_grad=True)
+        assert reason(q, k[:, :1].expand(k.shape), v).startswith("an input is broadcast with stride 0")
 
 
 def test_hopper_without_sm90_kernels(fake):
@@ -305,9 +326,9 @@ def test_kernel_families_pins_sm80(fake):
 def test_kernel_families_pins_sm90(fake):
     with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90_FWD), testing.kernel_families("sm90"):
         assert tfb.explain(*qkv(e=128)).kernel == "sm90_fwd_bf16_hdim128"
-        # sm90 has no backward, and sm80 is not allowed to serve one.
-        assert reason(*qkv(e=128, requires_grad=True)) == (
-            "inputs require grad but no backward kernel was built for bf16 head dim 128 "
+        # sm90 has no backward for head dim 96, and sm80 is not allowed to serve one.
+        assert reason(*qkv(e=96, requires_grad=True)) == (
+            "inputs require grad but no backward kernel was built for bf16 head dim 96 "
             "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
         assert reason(*qkv(e=32)) == ("no kernel has head dim 32 for bf16 (families allowed by "
                                       "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 96, 128, 192, 256")

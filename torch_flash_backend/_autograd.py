@@ -5,6 +5,7 @@ import torch
 
 from . import _fake  # noqa: F401  (the ops and their fake kernels)
 from ._checks import kernel_friendly
+from ._library import reads_stride0
 
 _ops = torch.ops.torch_flash_backend
 
@@ -20,8 +21,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
     masked = {} if attn_mask is None else {"attn_mask": attn_mask}  # backward graphs without one read as before
-    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, out, lse, ctx.scale, ctx.is_causal,
-                          ctx.backward_family, **masked)
+    family = ctx.backward_family
+    # A named family runs the call or raises: a gradient broadcast with stride 0
+    # is made dense for one that cannot read it (TMA).
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, out, lse, ctx.scale,
+                          ctx.is_causal, family, **masked)
     # A boolean mask has no gradient.
     return dq, dk, dv, None, None, None, None, None
 

@@ -77,6 +77,12 @@ def family_limits() -> dict[str, str]:
     return dict(_FAMILY_LIMITS)
 
 
+def reads_stride0(family: str | None) -> bool:
+    """Whether the named family reads inputs broadcast with stride 0; None (the
+    library picks a family that can) counts as yes."""
+    return family is None or "stride0_ok=false" not in _FAMILY_LIMITS.get(family, "")
+
+
 def built_kernel_set() -> frozenset[Kernel]:
     return _BUILT_KERNELS
 

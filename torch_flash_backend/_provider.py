@@ -20,6 +20,7 @@ from torch.nn import attention as _attention
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _router, _stats
 from ._checks import kernel_friendly
+from ._library import reads_stride0
 
 _ops = torch.ops.torch_flash_backend
 
@@ -116,7 +117,8 @@ def _rng_placeholders(query: torch.Tensor):
 
 
 def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family):
-    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out), q, k, v, kernel_friendly(out), lse, scale, is_causal, family)
+    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, kernel_friendly(out), lse, scale,
+                          is_causal, family)
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 

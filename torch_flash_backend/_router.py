@@ -4,8 +4,8 @@ decide() runs on every SDPA call under enable(), so it reads metadata only
 (shapes, strides, storage offsets: FakeTensors have no data) and caches the
 device capability. Each fallback carries a reason a user can act on.
 
-The forward and the backward kernel are chosen apart: on Hopper the sm90 family
-serves the forward and sm80 the backward (sm90 has none); both read and write
+The forward and the backward kernel are chosen apart (on Hopper, sm90 serves
+the backward of the head dims it has and sm80 the others); both read and write
 the same (out, lse), so any forward pairs with any backward.
 """
 import dataclasses
@@ -397,6 +397,10 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
             continue
         if masked and not bwd.masks:
             why_not = MASK_GRAD_REASON
+            continue
+        if broadcast and not bwd.stride0_ok:
+            why_not = (f"inputs require grad and are broadcast with stride 0 (expand), which the {family} "
+                       f"backward cannot read")
             continue
         if smem < bwd.smem_bytes:
             why_not = (f"inputs require grad and the {family} backward needs {bwd.smem_bytes // 1024} KB of "

@@ -44,8 +44,9 @@ def registry_kernel_names(*families) -> list[str]:
         if families and family not in families:
             continue
         fields = dict(f.split("=", 1) for f in line.split())
-        names += [f"{family}_{p}_{d}_hdim{e}" for p in fields["passes"].split(",") for d in ("fp16", "bf16")
-                  for e in fields["head_dims"].split(",")]
+        for entry in fields["head_dims"].split(";"):  # "fwd:64,128;bwd:64"
+            p, dims = entry.split(":")
+            names += [f"{family}_{p}_{d}_hdim{e}" for d in ("fp16", "bf16") for e in dims.split(",")]
     return names
 
 

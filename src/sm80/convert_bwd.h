@@ -10,10 +10,10 @@
 #include <cute/tensor.hpp>
 
 #include "params.h"
-#include "sm80/grid.h"
+#include "common/grid.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
-#include "sm80/workspace_bwd.h"
+#include "common/workspace_bwd.h"
 
 namespace tfb::sm80::bwd {
 

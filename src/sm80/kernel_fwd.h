@@ -3,7 +3,7 @@
 
 #include "params.h"
 #include "sm80/epilogue_fwd.h"
-#include "sm80/grid.h"
+#include "common/grid.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/mainloop_fwd.h"
 

@@ -6,12 +6,12 @@
 #include <cutlass/numeric_types.h>
 
 #include "sm80/convert_bwd.h"
-#include "sm80/grid.h"
+#include "common/grid.h"
 #include "sm80/kernel_bwd.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/launch.h"
-#include "sm80/preprocess_bwd.h"
-#include "sm80/workspace_bwd.h"
+#include "common/preprocess_bwd.h"
+#include "common/workspace_bwd.h"
 
 namespace tfb::sm80 {
 namespace bwd {
@@ -49,8 +49,8 @@ cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream) {
   if (smem_optin < Config::SmallSmem::kSmemBytes) return cudaErrorNotSupported;
   if (!HeadBatchGrid::fits(params.heads_q, params.batch)) return cudaErrorInvalidValue;
 
-  const bwd::BwdWorkspace ws = bwd::carve_workspace(params);
-  err = bwd::launch_preprocess<Element, kHeadDim>(params, ws, stream);
+  const BwdWorkspace ws = carve_bwd_workspace(params);
+  err = launch_bwd_preprocess<Element, kHeadDim>(params, ws, stream);
   if (err != cudaSuccess) return err;
   if (smem_optin < Config::Traits::kSmemBytes) return bwd::launch_main<typename Config::SmallSmem>(params, ws, stream);
   return bwd::launch_main<typename Config::Traits>(params, ws, stream);

@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
 
-#include "sm80/grid.h"
+#include "common/grid.h"
 #include "sm80/kernel_fwd.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/launch.h"

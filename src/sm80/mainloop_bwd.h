@@ -10,7 +10,7 @@
 #include "common/mask.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
-#include "sm80/workspace_bwd.h"
+#include "common/workspace_bwd.h"
 
 namespace tfb::sm80::bwd {
 

@@ -5,6 +5,7 @@
 #include "api.h"
 #include "dispatch.h"
 #include "kernel_info.h"
+#include "common/workspace_bwd.h"
 #include "sm90/launch.h"
 
 namespace tfb {
@@ -15,6 +16,16 @@ template <typename Fn>
 bool visit(DType dtype, int head_dim, Fn&& fn) {
 #ifdef TFB_WITH_SM90  // the family can be left out of a build (TFB_BUILD_SM90=0)
   return visit_instantiation<TFB_SM90_FWD_HEAD_DIMS>(dtype, head_dim, fn);
+#else
+  (void)dtype, (void)head_dim, (void)fn;
+  return false;
+#endif
+}
+
+template <typename Fn>
+bool visit_bwd(DType dtype, int head_dim, Fn&& fn) {
+#ifdef TFB_WITH_SM90
+  return visit_instantiation<TFB_SM90_BWD_HEAD_DIMS>(dtype, head_dim, fn);
 #else
   (void)dtype, (void)head_dim, (void)fn;
   return false;
@@ -35,10 +46,12 @@ bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row
 }  // namespace
 
 bool has_fwd(DType dtype, int head_dim) { return visit(dtype, head_dim, [](auto, auto) {}); }
+bool has_bwd(DType dtype, int head_dim) { return visit_bwd(dtype, head_dim, [](auto, auto) {}); }
 
 // The family runs on compute capability 9.0 alone, whose 227 KB a block every
 // configuration fits (its launcher sets the size); the router needs no number.
 size_t smem_bytes_fwd(DType, int) { return 0; }
+size_t smem_bytes_bwd(DType, int) { return 0; }
 
 bool can_run_fwd(const AttnFwdParams& p) {
   // Uniform lengths only (kernel_fwd.h's FwdKernelParams).
@@ -56,6 +69,30 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
   cudaError_t err = cudaErrorNotSupported;
   visit(dtype, params.head_dim, [&](auto element, auto head_dim) {
     err = launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
+  });
+  return err;
+}
+
+}  // namespace sm90
+}  // namespace tfb
+
+namespace tfb {
+namespace sm90 {
+
+// The backward loads Q, dO, K and V with TMA; it writes dq, dk and dv and
+// reads out with 16-byte (preprocess) and 4-byte stores and loads, which the
+// host's checks already allow.
+bool can_run_bwd(const AttnBwdParams& p) {
+  return can_run_fwd(p) && aligned16(p.dout) &&
+         strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
+}
+
+size_t bwd_workspace_bytes(const AttnBwdParams& params) { return bwd_workspace_size(params); }
+
+cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream) {
+  cudaError_t err = cudaErrorNotSupported;
+  visit_bwd(dtype, params.head_dim, [&](auto element, auto head_dim) {
+    err = launch_bwd<decltype(element), decltype(head_dim)::value>(params, stream);
   });
   return err;
 }

@@ -9,15 +9,15 @@
 #include <cuda_runtime_api.h>
 
 #include "params.h"
-#include "sm80/grid.h"
-#include "sm80/workspace_bwd.h"
+#include "common/grid.h"
+#include "common/workspace_bwd.h"
 
-namespace tfb::sm80::bwd {
+namespace tfb {
 
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kBwdLog2e = 1.4426950408889634f;
 
 template <typename Element, int kHeadDim>
-struct Preprocess {
+struct BwdPreprocess {
   // A row is kChunks 16-byte vectors, read by a group of kLanesPerRow lanes
   // (a power of two, so the group reduces with xor shuffles).
   static constexpr int kChunks = kHeadDim / 8;
@@ -26,13 +26,13 @@ struct Preprocess {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockRows = 32;
-  static_assert(kChunks <= 32 && kRowPad % kBlockRows == 0 && kBlockRows % (kWarps * kRowsPerWarp) == 0);
+  static_assert(kChunks <= 32 && kBwdRowPad % kBlockRows == 0 && kBlockRows % (kWarps * kRowsPerWarp) == 0);
 };
 
 template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
+__global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
     bwd_preprocess_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
-  using Cfg = Preprocess<Element, kHeadDim>;
+  using Cfg = BwdPreprocess<Element, kHeadDim>;
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int row0 = blockIdx.x * Cfg::kBlockRows;
@@ -68,17 +68,17 @@ __global__ void __launch_bounds__(Preprocess<Element, kHeadDim>::kThreads)
     if (chunk == 0) {
       const bool real = row < len_q;
       ws.dsum[stat0 + r] = real ? sum : 0.f;
-      ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kLog2e : INFINITY;
+      ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kBwdLog2e : INFINITY;
     }
   }
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t launch_preprocess(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  using Cfg = Preprocess<Element, kHeadDim>;
+cudaError_t launch_bwd_preprocess(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  using Cfg = BwdPreprocess<Element, kHeadDim>;
   const dim3 grid = HeadBatchGrid::make(ws.len_q_pad / Cfg::kBlockRows, p.heads_q, p.batch);
   bwd_preprocess_kernel<Element, kHeadDim><<<grid, Cfg::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
 
-}  // namespace tfb::sm80::bwd
+}  // namespace tfb

@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <cute/config.hpp>
 
-namespace tfb::sm80 {
+namespace tfb {
 
 struct HeadBatchGrid {
   static constexpr int64_t kMaxYZ = 65535;
@@ -33,4 +33,4 @@ struct HeadBatchGrid {
   }
 };
 
-}  // namespace tfb::sm80
+}  // namespace tfb

@@ -1,5 +1,6 @@
-// How the backward carves params.workspace. bwd_workspace_bytes_impl (host) and
-// the three backward kernels must agree on it, so it lives in one place.
+// How a backward carves params.workspace: the families' workspace sizes (host)
+// and their backward kernels (the shared preprocess, each family's main and
+// dQ convert kernels) must agree on it, so it lives in one place.
 #pragma once
 
 #include <cstddef>
@@ -7,14 +8,14 @@
 
 #include "params.h"
 
-namespace tfb::sm80::bwd {
+namespace tfb {
 
 // Query rows are padded to a multiple of the largest kBlockM of any head dim:
 // the main kernel then reads row statistics and adds into dq_accum for whole
 // query blocks without bounds checks.
-constexpr int kRowPad = 128;
+constexpr int kBwdRowPad = 128;
 
-inline int padded_len_q(int len_q) { return (len_q + kRowPad - 1) / kRowPad * kRowPad; }
+inline int padded_len_q(int len_q) { return (len_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
 
 // dQ accumulators. By default one, which every key block adds into with
 // atomics (their order varies from run to run). Deterministic: one per CTA
@@ -48,7 +49,7 @@ inline size_t bwd_workspace_size(const AttnBwdParams& p) {
   return (rows * p.head_dim * dq_splits(p) + 2 * rows) * sizeof(float);
 }
 
-inline BwdWorkspace carve_workspace(const AttnBwdParams& p) {
+inline BwdWorkspace carve_bwd_workspace(const AttnBwdParams& p) {
   const size_t rows = bwd_rows_total(p);
   const int splits = dq_splits(p);
   float* base = static_cast<float*>(p.workspace);
@@ -56,4 +57,4 @@ inline BwdWorkspace carve_workspace(const AttnBwdParams& p) {
   return {base, stats, stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim};
 }
 
-}  // namespace tfb::sm80::bwd
+}  // namespace tfb

@@ -1,0 +1,75 @@
+// Last backward kernel: the float32 dQ accumulators (their splits summed in
+// order), times the softmax scale, written to dq in the input dtype with its
+// strides. The accumulator holds each query tile in the main kernel's
+// fragment order, so each thread reads back the values one consumer thread
+// staged, in the same registers' layout.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "params.h"
+#include "common/grid.h"
+#include "common/workspace_bwd.h"
+#include "sm90/kernel_traits_bwd.h"
+
+namespace tfb {
+namespace sm90 {
+
+// One CTA per (query tile, q head, batch), a thread per consumer thread.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kConsumerThreads)
+    bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  using Element = typename Traits::Element;
+  constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
+  int head, batch;
+  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
+  const int warpgroup = threadIdx.x / 128, wg_thread = threadIdx.x % 128;
+  const int m0 = blockIdx.x * kM;
+  const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE +
+                      warpgroup * (64 * Traits::kDqCols) + wg_thread;
+
+  typename Traits::MmadQ mma;
+  Tensor coord = mma.get_thread_slice(wg_thread).partition_C(
+      make_identity_tensor(Shape<_64, Int<Traits::kDqCols>>{}));
+  Tensor acc = make_tensor<float>(shape(coord));
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc); ++j) acc(j) = mine[j * 128];
+  for (int split = 1; split < ws.splits; ++split) {
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + j * 128];
+  }
+
+  const int row0 = m0 + (Traits::kDqSplitRows ? warpgroup * 64 : 0);
+  const int col0 = Traits::kDqSplitRows ? 0 : warpgroup * Traits::kDqCols;
+  const int rows = p.seqlen_q(batch) - row0;
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+                int64_t(row0) * p.dq_row_stride + col0;
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc); j += 2) {
+    // Values 2i and 2i + 1 are one row's neighbouring columns.
+    const int row = get<0>(coord(j)), col = get<1>(coord(j));
+    if (row < rows) {
+      cutlass::Array<float, 2> pair;
+      pair[0] = acc(j) * p.scale;
+      pair[1] = acc(j + 1) * p.scale;
+      const cutlass::Array<Element, 2> converted = convert(pair);
+      *reinterpret_cast<uint32_t*>(dq + row * p.dq_row_stride + col) = reinterpret_cast<uint32_t const&>(converted);
+    }
+  }
+  (void)kE;
+}
+
+template <class Traits>
+cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  const dim3 grid = HeadBatchGrid::make((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  bwd_convert_dq_kernel<Traits><<<grid, Traits::kConsumerThreads, 0, stream>>>(p, ws);
+  return cudaGetLastError();
+}
+
+}  // namespace sm90
+}  // namespace tfb

@@ -1,0 +1,48 @@
+// End of a backward key tile: each consumer warpgroup writes its 64 keys of
+// dK (times the softmax scale) and dV from registers to global memory, a
+// converted column pair per 32-bit store, rows past the end of the keys left
+// out. Once per key tile, after a walk over every query tile: its cost is
+// small beside the walk, so it takes no shared memory and no TMA.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "sm90/kernel_traits_bwd.h"
+#include "sm90/utils.h"
+
+namespace tfb {
+namespace sm90 {
+
+template <class Traits>
+struct BwdEpilogue {
+  using Element = typename Traits::Element;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+
+  // rows: keys of this warpgroup's 64 that exist (may be <= 0).
+  template <class Acc>
+  CUTE_DEVICE static void store(Acc const& acc, float factor, Element* out, int64_t row_stride, int rows,
+                                int wg_thread) {
+    typename Traits::MmadKV mma;
+    Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<kHeadDim>>{}));
+    static_assert(decltype(size(acc))::value % 2 == 0);
+    cutlass::NumericArrayConverter<Element, float, 2> convert;
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc); j += 2) {
+      // Values 2i and 2i + 1 of an accumulator are one row's neighbouring columns.
+      const int row = get<0>(coord(j)), col = get<1>(coord(j));
+      if (row < rows) {
+        cutlass::Array<float, 2> pair;
+        pair[0] = acc(j) * factor;
+        pair[1] = acc(j + 1) * factor;
+        const cutlass::Array<Element, 2> converted = convert(pair);
+        *reinterpret_cast<uint32_t*>(out + row * row_stride + col) = reinterpret_cast<uint32_t const&>(converted);
+      }
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace tfb

@@ -1,0 +1,116 @@
+// The sm90 backward's main kernel: one CTA per (key tile, kv head, batch); in
+// the deterministic mode one per (dQ split, kv head, batch), walking its key
+// tiles. Warpgroup 0 produces (TMA loads), warpgroups 1.. consume (wgmma, the
+// softmax gradient, dQ reductions, the dK/dV epilogue).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/mask.h"
+#include "params.h"
+#include "common/grid.h"
+#include "sm90/epilogue_bwd.h"
+#include "sm90/mainloop_bwd.h"
+
+namespace tfb {
+namespace sm90 {
+
+template <class Traits>
+struct BwdKernelParams {
+  using Element = typename Traits::Element;
+  typename BwdMainloop<Traits>::Params mainloop;
+  int heads_kv, batch, n_blocks;
+  // Uniform lengths (can_run_bwd refuses per-batch ones), so the mask is built
+  // on the host once.
+  int len_k;
+  typename BwdMainloop<Traits>::Mask uniform_mask;
+  float scale;
+  Element* dk;
+  Element* dv;
+  int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
+  int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = BwdMainloop<Traits>;
+  using Pipeline = typename Traits::Pipeline;
+  using SharedStorage = typename Traits::SharedStorage;
+  using Element = typename Traits::Element;
+
+  int head_kv, batch;
+  if (!HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)) return;
+
+  extern __shared__ __align__(1024) char smem[];
+  SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
+  const int warp = cutlass::canonical_warp_idx_sync();
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool producer = warpgroup == 0;
+
+  if (warp == 0 && cute::elect_one_sync()) {
+    cute::prefetch_tma_descriptor(p.mainloop.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.mainloop.tma_do.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.mainloop.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.mainloop.tma_v.get_tma_descriptor());
+    shared.kv_full.init(1);
+    shared.kv_free.init(Traits::kConsumerWarpgroups);
+  }
+  typename Pipeline::Params pipeline_params;
+  pipeline_params.transaction_bytes = Traits::kQBytes + Traits::kStatBytes;
+  pipeline_params.role = producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  pipeline_params.is_leader = threadIdx.x == 0;
+  pipeline_params.num_consumers = Traits::kConsumerThreads;
+  Pipeline pipeline_q(shared.pipeline_q, pipeline_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_do(shared.pipeline_do, pipeline_params, Shape<_1, _1, _1>{});
+  __syncthreads();
+
+  const int group = p.mainloop.group;
+  // Default: one key tile per CTA and one shared dQ accumulator. Deterministic:
+  // gridDim.x = splits, and this CTA alone adds into split blockIdx.x.
+  float* dq_split = p.mainloop.dq_accum + (p.mainloop.deterministic ? blockIdx.x * p.mainloop.split_elems : 0);
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      auto write = cutlass::make_producer_start_state<Pipeline>();
+      int unit = 0;
+      for (int n_block = blockIdx.x; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
+        const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
+        Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, n_block, head_kv, batch, unit);
+      }
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+    const int thread_idx = threadIdx.x - 128;
+    const int wg_thread = thread_idx % 128;
+    const int consumer = warpgroup - 1;
+    typename Traits::MmadKV mma_dkv;
+    typename cutlass::PipelineState<Traits::kStages> read;
+    int unit = 0;
+    for (int n_block = blockIdx.x; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
+      const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
+      Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kHeadDim>>{});
+      Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kHeadDim>>{});
+      clear(acc_dk);
+      clear(acc_dv);
+      Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask, n_block, batch,
+                        unit, dq_split, thread_idx, acc_dk, acc_dv);
+      // Every wgmma reading K and V has completed (compute's last wait).
+      if (wg_thread == 0) shared.kv_free.arrive();
+      const int n0 = n_block * Traits::kBlockN + consumer * 64;
+      Element* dk = p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + n0 * p.dk_row_stride;
+      Element* dv = p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + n0 * p.dv_row_stride;
+      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, p.len_k - n0, wg_thread);
+      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, p.len_k - n0, wg_thread);
+    }
+    // The last reduction reads the dQ buffer until it completes.
+    if (thread_idx == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+#endif
+}
+
+}  // namespace sm90
+}  // namespace tfb

@@ -1,0 +1,86 @@
+// Host side of the sm90 backward: preprocess (row statistics, cleared dQ
+// accumulator; the same kernel and workspace layout as sm80's) -> main kernel
+// (dK, dV; dQ reduced into the accumulator) -> dQ convert.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "api.h"
+#include "common/grid.h"
+#include "common/preprocess_bwd.h"
+#include "common/workspace_bwd.h"
+#include "sm90/convert_bwd.h"
+#include "sm90/kernel_bwd.h"
+#include "sm90/kernel_traits_bwd.h"
+#include "sm90/launch.h"
+#include "sm90/launch_fwd.h"
+
+namespace tfb {
+namespace sm90 {
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
+  using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
+  if (a.head_dim != kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
+      a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
+    return cudaErrorInvalidValue;
+  }
+  // A runtime call first: it binds the thread's context, which the TMA
+  // descriptor encoder needs (launch_fwd.h).
+  auto kernel = &bwd_kernel<Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (err != cudaSuccess) return err;
+
+  const BwdWorkspace ws = carve_bwd_workspace(a);
+  err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
+  if (err != cudaSuccess) return err;
+
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
+                                        a.q_row_stride, a.q_head_stride, a.q_batch_stride);
+  auto mdO = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.dout), a.len_q, a.heads_q, a.batch,
+                                         a.do_row_stride, a.do_head_stride, a.do_batch_stride);
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), a.len_k, a.heads_kv, a.batch,
+                                        a.k_row_stride, a.k_head_stride, a.k_batch_stride);
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), a.len_k, a.heads_kv, a.batch,
+                                        a.v_row_stride, a.v_head_stride, a.v_batch_stride);
+  using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
+  const int n_blocks = (a.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
+
+  BwdKernelParams<Traits> p{
+      {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
+       make_tma_copy(SM90_TMA_LOAD{}, mdO, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
+       make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
+       make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
+       mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.heads_q, a.scale_log2, ws.len_q_pad, ws.lse_log2, ws.dsum,
+       ws.dq_accum, ws.split_elems, a.deterministic},
+      a.heads_kv,
+      a.batch,
+      n_blocks,
+      a.len_k,
+      {mask::causal_if(a.is_causal, a.len_q, a.len_k)},
+      a.scale,
+      static_cast<Element*>(a.dk),
+      static_cast<Element*>(a.dv),
+      a.dk_batch_stride,
+      a.dk_head_stride,
+      a.dk_row_stride,
+      a.dv_batch_stride,
+      a.dv_head_stride,
+      a.dv_row_stride};
+
+  // Deterministic: one CTA per split walks its key tiles (the splits fill the
+  // SMs over batch x kv heads); otherwise one CTA per key tile.
+  const dim3 grid = HeadBatchGrid::make(a.deterministic ? ws.splits : n_blocks, a.heads_kv, a.batch);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_convert_dq<Traits>(a, ws, stream);
+}
+
+}  // namespace sm90
+}  // namespace tfb

@@ -1,0 +1,288 @@
+// The backward's main loop, in its two roles, for one key tile of one kv head.
+//
+// load(): one producer thread loads K and V once, then streams each step's Q
+// with its rows' lse, and dO with its rows' rowsum(dO * O), through a
+// kStages-deep ring (TMA for the tiles, a bulk copy for the row statistics,
+// both completing on the stage's mbarrier).
+//
+// compute(): each consumer warpgroup, per step (one query tile of one query
+// head), computes S^T and dP^T for its 64 keys, P^T = exp2(S^T scale - lse)
+// and dS^T = P^T (dP^T - D) in registers, adds P^T dO into dV and dS^T Q into
+// dK straight from those registers, and writes dS^T to shared memory; then
+// the warpgroups together compute dQ = dS K for the query tile and one thread
+// adds it into the float32 accumulator in global memory with one bulk
+// reduction, which runs while the next step computes.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/mask.h"
+#include "params.h"
+#include "sm90/kernel_traits_bwd.h"
+#include "sm90/utils.h"
+
+namespace tfb {
+namespace sm90 {
+
+enum class BwdBarrier : int {
+  kConsumers = 1,  // every consumer thread: dS written / dQ staged
+};
+
+// The steps of one key tile: the query tiles that see its keys, for each
+// query head of the GQA group in turn (dK and dV sum over the group in a
+// fixed order).
+struct BwdSteps {
+  int m_begin, m_count, head_q0, count;
+  struct Step {
+    int head_q, m_block;
+  };
+  template <class Walk>
+  CUTE_DEVICE BwdSteps(Walk const& walk, int n_block, int head_kv, int group) {
+    const auto m = walk.m_blocks(n_block);
+    m_begin = m.begin;
+    m_count = m.end - m.begin;
+    head_q0 = head_kv * group;
+    count = group * m_count;
+  }
+  CUTE_DEVICE Step at(int i) const { return {head_q0 + i / m_count, m_begin + i % m_count}; }
+};
+
+// One 1D bulk reduction: global[0, bytes) += shared[0, bytes), float32.
+CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+               : "memory");
+}
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::Pipeline;
+  using PipelineState = typename cutlass::PipelineState<Traits::kStages>;
+  using SharedStorage = typename Traits::SharedStorage;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  using Mask = mask::TileWalk<kBlockM, kBlockN, mask::CausalOrNone>;
+
+  struct Params {
+    typename Traits::TmaQ tma_q;
+    typename Traits::TmaQ tma_do;
+    typename Traits::TmaKV tma_k;
+    typename Traits::TmaKV tma_v;
+    typename Traits::GmemShape shape_q;  // (L, E, Hq, B)
+    typename Traits::GmemShape shape_k;  // (S, E, Hkv, B)
+    int group;
+    int heads_q;
+    float scale_log2;
+    int len_q_pad;           // rows of each (batch, head) in the workspace arrays
+    float const* lse_log2;   // (B, Hq, len_q_pad)
+    float const* dsum;       // (B, Hq, len_q_pad)
+    float* dq_accum;         // (splits, B, Hq, len_q_pad, E), query tiles in BwdTraits' fragment order
+    int64_t split_elems;
+    bool deterministic;      // one split per CTA column, reductions one at a time
+  };
+
+  CUTE_DEVICE static int64_t stat_offset(Params const& p, int batch, int head_q, int m_block) {
+    return (int64_t(batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
+  }
+
+  // Producer: one thread. unit: this CTA's how-many-th key tile (phase of kv_full).
+  CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do,
+                               PipelineState& write, BwdSteps const& steps, int n_block, int head_kv, int batch,
+                               int unit) {
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+    using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+
+    // K and V of the previous key tile stay until every consumer is done.
+    if (unit > 0) shared.kv_free.wait((unit - 1) & 1);
+    Tensor gK = local_tile(mK(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
+    Tensor gV = local_tile(mV(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
+    auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    shared.kv_full.arrive_and_expect_tx(2 * Traits::kKVBytes);
+    copy(p.tma_k.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tKgK, tKsK);
+    copy(p.tma_v.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tVgV, tVsV);
+
+    for (int i = 0; i < steps.count; ++i) {
+      const auto step = steps.at(i);
+      Tensor gQ = local_tile(mQ(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
+      Tensor gdO = local_tile(mdO(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
+      auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tdOgdO, tdOsdO] =
+          tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const int64_t stat = stat_offset(p, batch, step.head_q, step.m_block);
+
+      pipeline_q.producer_acquire(write);
+      uint64_t* q_bar = pipeline_q.producer_get_barrier(write);
+      copy(p.tma_q.with(*q_bar), tQgQ, tQsQ(_, write.index()));
+      SM90_BULK_COPY_G2S::copy(p.lse_log2 + stat, q_bar, shared.lse[write.index()], Traits::kStatBytes);
+      pipeline_do.producer_acquire(write);
+      uint64_t* do_bar = pipeline_do.producer_get_barrier(write);
+      copy(p.tma_do.with(*do_bar), tdOgdO, tdOsdO(_, write.index()));
+      SM90_BULK_COPY_G2S::copy(p.dsum + stat, do_bar, shared.dsum[write.index()], Traits::kStatBytes);
+      ++write;
+    }
+  }
+
+  // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
+  // dV in its accumulators. thread_idx counts the consumer threads from 0.
+  template <class AccdK, class AccdV>
+  CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
+                                  Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
+                                  Mask const& mask, int n_block, int batch, int unit, float* dq_split,
+                                  int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
+    const int warpgroup = thread_idx / 128;
+    const int wg_thread = thread_idx % 128;
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQt{});
+    Tensor sK = local_tile(make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{}),
+                           Shape<_64, Int<kHeadDim>>{}, make_coord(warpgroup, 0));
+    Tensor sV = local_tile(make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{}),
+                           Shape<_64, Int<kHeadDim>>{}, make_coord(warpgroup, 0));
+    Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdS{});
+    Tensor sdSt = local_tile(make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdSt{}),
+                             Shape<_64, Int<kBlockM>>{}, make_coord(warpgroup, 0));
+    Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKt{});
+    // This warpgroup's share of dQ: 64 query rows, or a slice of the head dim.
+    constexpr bool kSplitRows = Traits::kDqSplitRows;
+    Tensor sdS_mine = local_tile(sdS, Shape<_64, Int<kBlockN>>{}, make_coord(kSplitRows ? warpgroup : 0, 0));
+    Tensor sKt_mine = local_tile(sKt, Shape<Int<Traits::kDqCols>, Int<kBlockN>>{},
+                                 make_coord(kSplitRows ? 0 : warpgroup, 0));
+
+    typename Traits::MmaSdP mma_sdp;
+    typename Traits::MmadKV mma_dkv;
+    typename Traits::MmadQ mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
+    auto thr_dkv = mma_dkv.get_thread_slice(wg_thread);
+    auto thr_dq = mma_dq.get_thread_slice(wg_thread);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS_mine);
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt_mine);
+    Tensor tdSsdS = thr_sdp.partition_C(sdSt);
+    // (key, query) of each S^T element, within this warpgroup's 64 keys.
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));
+    Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
+    constexpr int kRows = decltype(size<0>(coord))::value;
+    constexpr int kCols = decltype(size<1>(coord))::value;
+
+    const int n0 = n_block * kBlockN + warpgroup * 64;
+    const bool leader = thread_idx == 0;
+    constexpr int kConsumers = Traits::kConsumerThreads;
+
+    shared.kv_full.wait(unit & 1);
+    for (int i = 0; i < steps.count; ++i) {
+      const auto step = steps.at(i);
+      const int stage = read.index();
+
+      pipeline_q.consumer_wait(read);
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
+      wgmma<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+      pipeline_do.consumer_wait(read);
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
+      wgmma<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
+
+      // P^T = exp2(S^T scale_log2 - lse_log2): queries are the columns. Padded
+      // query rows have lse = +inf, so their P is 0; hidden pairs are zeroed.
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(acc_s);
+      Tensor s = acc_rowcol(acc_s);
+      float const* lse = shared.lse[stage];
+      const int m0 = step.m_block * kBlockM;
+      if (mask.needs_predicate(step.m_block, n_block)) {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int col = get<1>(coord(0, c));
+          const float l = lse[col];
+          const int key_end = mask.policy.key_end(m0 + col) - n0;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const float x = exp2f(fmaf(s(r, c), p.scale_log2, -l));
+            s(r, c) = get<0>(coord(r, c)) < key_end ? x : 0.f;
+          }
+        }
+      } else {
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float l = lse[get<1>(coord(0, c))];
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -l));
+        }
+      }
+      // dS^T = P^T (dP^T - D)
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dp);
+      Tensor dp = acc_rowcol(acc_dp);
+      float const* dsum = shared.dsum[stage];
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float d = dsum[get<1>(coord(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - d);
+      }
+
+      Tensor p_regs = convert_fragment<Element>(acc_s);
+      Tensor tdVrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
+      Tensor ds_regs = convert_fragment<Element>(acc_dp);
+      Tensor tdKrdS = make_tensor(ds_regs.data(), acc_as_a_operand_layout(ds_regs.layout()));
+      wgmma<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+      wgmma<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+
+      // dS^T into shared memory for dQ, while dV and dK run.
+      copy(ds_regs, tdSsdS);
+      cutlass::arch::fence_view_async_shared();
+      // The previous step's reduction has read the dQ buffer before anyone
+      // writes it again; in the deterministic mode it has also landed.
+      if (leader) {
+        if (p.deterministic) {
+          asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+        } else {
+          tma_store_wait<0>();
+        }
+      }
+      named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<_64, Int<Traits::kDqCols>>{});
+      wgmma<true, -1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dq);
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      pipeline_q.consumer_release(read);
+      pipeline_do.consumer_release(read);
+      ++read;
+
+      // Fragment order: value j of this warpgroup's thread t at j * 128 + t,
+      // after the warpgroups before it (BwdTraits; the convert kernel reads it so).
+      float* dq_mine = shared.dq.data() + warpgroup * (64 * Traits::kDqCols) + wg_thread;
+      CUTE_UNROLL
+      for (int j = 0; j < size(acc_dq); ++j) dq_mine[j * 128] = acc_dq(j);
+      cutlass::arch::fence_view_async_shared();
+      named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
+      if (leader) {
+        const int64_t tile = stat_offset(p, batch, step.head_q, step.m_block) * kHeadDim;
+        bulk_reduce_add(dq_split + tile, shared.dq.data(), Traits::kDqElems * int(sizeof(float)));
+        tma_store_arrive();
+      }
+    }
+  }
+};
+
+}  // namespace sm90
+}  // namespace tfb
