@@ -6,6 +6,8 @@ without enable() in one run: train step, prefill, greedy generation.
 
 Rows (median ms of --reps runs, the two variants in turns):
   train step  forward + backward + AdamW step, batch 2, sequence --train-len
+  train-compiled  the same with the model under torch.compile (compiled once per variant:
+              a compiled graph records whether it runs inside enable())
   prefill     one forward over a --prompt-len prompt (batch 1), no grad
   generate    model.generate, greedy, --new-tokens after the prompt (default dynamic cache)
   static      model.generate with a static cache, batch --static-batch, for each of --static-prompts:
@@ -124,7 +126,7 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rows", default="train,prefill,generate,static", help="which rows to run")
+    parser.add_argument("--rows", default="train,train-compiled,prefill,generate,static", help="which rows to run")
     parser.add_argument("--static-prompts", default="1024,4096", help="prompt lengths of the static-cache rows")
     parser.add_argument("--static-batch", type=int, default=8)
     args = parser.parse_args()
@@ -144,6 +146,20 @@ def main():
             optimizer.step()
         rows.append(("train step", f"batch 2 x {args.train_len}", in_turns(variants(train_step), args.reps)))
         del optimizer
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+    if "train-compiled" in wanted:
+        ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        compiled = torch.compile(model)
+
+        def compiled_step():
+            optimizer.zero_grad(set_to_none=True)
+            compiled(ids, labels=ids).loss.backward()
+            optimizer.step()
+        rows.append(("train step, torch.compile", f"batch 2 x {args.train_len}",
+                     in_turns(variants(compiled_step), args.reps)))
+        del optimizer, compiled
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
 
