@@ -9,11 +9,11 @@
 
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
 
 #include "params.h"
 #include "common/grid.h"
 #include "common/workspace_bwd.h"
+#include "sm90/epilogue_bwd.h"
 #include "sm90/kernel_traits_bwd.h"
 
 namespace tfb {
@@ -48,20 +48,7 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
   const int rows = p.seqlen_q(batch) - row0;
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
                 int64_t(row0) * p.dq_row_stride + col0;
-  cutlass::NumericArrayConverter<Element, float, 2> convert;
-  CUTE_UNROLL
-  for (int j = 0; j < size(acc); j += 2) {
-    // Values 2i and 2i + 1 are one row's neighbouring columns.
-    const int row = get<0>(coord(j)), col = get<1>(coord(j));
-    if (row < rows) {
-      cutlass::Array<float, 2> pair;
-      pair[0] = acc(j) * p.scale;
-      pair[1] = acc(j + 1) * p.scale;
-      const cutlass::Array<Element, 2> converted = convert(pair);
-      *reinterpret_cast<uint32_t*>(dq + row * p.dq_row_stride + col) = reinterpret_cast<uint32_t const&>(converted);
-    }
-  }
-  (void)kE;
+  store_pairs(acc, coord, p.scale, dq, p.dq_row_stride, rows);
 }
 
 template <class Traits>

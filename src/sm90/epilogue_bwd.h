@@ -2,7 +2,8 @@
 // dK (times the softmax scale) and dV from registers to global memory, a
 // converted column pair per 32-bit store, rows past the end of the keys left
 // out. Once per key tile, after a walk over every query tile: its cost is
-// small beside the walk, so it takes no shared memory and no TMA.
+// small beside the walk, so it takes no shared memory and no TMA. The dQ
+// convert kernel writes dq the same way (store_pairs).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,28 @@
 namespace tfb {
 namespace sm90 {
 
+// out[row][col] = acc * factor in 16 bits for each accumulator value whose
+// (row, col) in coord has row < rows; out has row_stride elements between rows.
+// Values 2i and 2i + 1 of an accumulator are one row's neighbouring columns, so
+// each pair is one 32-bit store.
+template <typename Element, class Acc, class Coord>
+CUTE_DEVICE void store_pairs(Acc const& acc, Coord const& coord, float factor, Element* out, int64_t row_stride,
+                             int rows) {
+  static_assert(decltype(size(acc))::value % 2 == 0);
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc); j += 2) {
+    const int row = get<0>(coord(j)), col = get<1>(coord(j));
+    if (row < rows) {
+      cutlass::Array<float, 2> pair;
+      pair[0] = acc(j) * factor;
+      pair[1] = acc(j + 1) * factor;
+      const cutlass::Array<Element, 2> converted = convert(pair);
+      *reinterpret_cast<uint32_t*>(out + row * row_stride + col) = reinterpret_cast<uint32_t const&>(converted);
+    }
+  }
+}
+
 template <class Traits>
 struct BwdEpilogue {
   using Element = typename Traits::Element;
@@ -27,20 +50,7 @@ struct BwdEpilogue {
                                 int wg_thread) {
     typename Traits::MmadKV mma;
     Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<kHeadDim>>{}));
-    static_assert(decltype(size(acc))::value % 2 == 0);
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
-    CUTE_UNROLL
-    for (int j = 0; j < size(acc); j += 2) {
-      // Values 2i and 2i + 1 of an accumulator are one row's neighbouring columns.
-      const int row = get<0>(coord(j)), col = get<1>(coord(j));
-      if (row < rows) {
-        cutlass::Array<float, 2> pair;
-        pair[0] = acc(j) * factor;
-        pair[1] = acc(j + 1) * factor;
-        const cutlass::Array<Element, 2> converted = convert(pair);
-        *reinterpret_cast<uint32_t*>(out + row * row_stride + col) = reinterpret_cast<uint32_t const&>(converted);
-      }
-    }
+    store_pairs(acc, coord, factor, out, row_stride, rows);
   }
 };
 
