@@ -119,14 +119,18 @@ def misaligned(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
+def broadcast(t: torch.Tensor) -> bool:
+    """Whether t has stride 0 along batch, head or row with size > 1 (expand())."""
+    return any(size > 1 and stride == 0 for size, stride in zip(t.shape[:3], t.stride()[:3]))
+
+
 def kernel_friendly(t: torch.Tensor, stride0_ok: bool = True) -> torch.Tensor:
     """Incoming gradients (and outputs the provider hook receives) can have any
     strides (expanded, offset views): a copy in (B, L, H, E) memory when the
     vector rule does not hold, or when t is broadcast with stride 0 (e.g. the
     gradient of out.sum()) and the kernel that reads it cannot read that
     (stride0_ok False: TMA), else t itself."""
-    broadcast = any(size > 1 and stride == 0 for size, stride in zip(t.shape[:3], t.stride()[:3]))
-    if misaligned("t", t) is None and (stride0_ok or not broadcast):
+    if misaligned("t", t) is None and (stride0_ok or not broadcast(t)):
         return t
     b, h, length, e = t.shape
     return t.new_empty((b, length, h, e)).transpose(1, 2).copy_(t)

@@ -80,7 +80,10 @@ def family_limits() -> dict[str, str]:
 def reads_stride0(family: str | None) -> bool:
     """Whether the named family reads inputs broadcast with stride 0; None (the
     library picks a family that can) counts as yes."""
-    return family is None or "stride0_ok=false" not in _FAMILY_LIMITS.get(family, "")
+    if family is None or family not in _FAMILY_LIMITS:
+        return True
+    fields = dict(f.split("=", 1) for f in _FAMILY_LIMITS[family].split())
+    return fields["stride0_ok"] in ("1", "true")
 
 
 def built_kernel_set() -> frozenset[Kernel]:

@@ -15,6 +15,7 @@ import threading
 
 import torch
 
+from . import _checks
 from ._checks import VECTOR_BYTES, check_sdpa_args, mask_shape_problem, misaligned
 from ._library import built_kernel_set, family_limits
 
@@ -283,11 +284,7 @@ def _mask_problem(attn_mask, q, k, is_causal) -> str | None:
 
 def _broadcast(q, k, v) -> bool:
     """Whether an input has stride 0 along a dim of size > 1 (expand())."""
-    for t in (q, k, v):
-        shape, stride = t.shape, t.stride()
-        if (shape[0] > 1 and stride[0] == 0) or (shape[1] > 1 and stride[1] == 0) or (shape[2] > 1 and stride[2] == 0):
-            return True
-    return False
+    return any(_checks.broadcast(t) for t in (q, k, v))
 
 
 def pinned_families(q, k, v, needs_grad: bool | None = None, masked: bool = False) -> tuple[str | None, str | None]:
