@@ -13,7 +13,7 @@ set(TFB_decode_HDIM256 src/decode/instantiations/fwd_hdim256_fp16_decode.cu src/
 set(TFB_sm90_CUDA_ARCHITECTURES "90a-real")
 set(TFB_sm90_DEFINES CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 set(TFB_sm90_HDIM64 src/sm90/instantiations/fwd_hdim64_fp16_sm90.cu src/sm90/instantiations/fwd_hdim64_bf16_sm90.cu src/sm90/instantiations/bwd_hdim64_fp16_sm90.cu src/sm90/instantiations/bwd_hdim64_bf16_sm90.cu)
-set(TFB_sm90_HDIM96 src/sm90/instantiations/fwd_hdim96_fp16_sm90.cu src/sm90/instantiations/fwd_hdim96_bf16_sm90.cu)
+set(TFB_sm90_HDIM96 src/sm90/instantiations/fwd_hdim96_fp16_sm90.cu src/sm90/instantiations/fwd_hdim96_bf16_sm90.cu src/sm90/instantiations/bwd_hdim96_fp16_sm90.cu src/sm90/instantiations/bwd_hdim96_bf16_sm90.cu)
 set(TFB_sm90_HDIM128 src/sm90/instantiations/fwd_hdim128_fp16_sm90.cu src/sm90/instantiations/fwd_hdim128_bf16_sm90.cu src/sm90/instantiations/bwd_hdim128_fp16_sm90.cu src/sm90/instantiations/bwd_hdim128_bf16_sm90.cu)
 set(TFB_sm90_HDIM192 src/sm90/instantiations/fwd_hdim192_fp16_sm90.cu src/sm90/instantiations/fwd_hdim192_bf16_sm90.cu)
 set(TFB_sm90_HDIM256 src/sm90/instantiations/fwd_hdim256_fp16_sm90.cu src/sm90/instantiations/fwd_hdim256_bf16_sm90.cu)

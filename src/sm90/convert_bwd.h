@@ -19,36 +19,42 @@
 namespace tfb {
 namespace sm90 {
 
-// One CTA per (query tile, q head, batch), a thread per consumer thread.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kConsumerThreads)
-    bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
-  using Element = typename Traits::Element;
-  constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
-  int head, batch;
-  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
-  const int warpgroup = threadIdx.x / 128, wg_thread = threadIdx.x % 128;
-  const int m0 = blockIdx.x * kM;
-  const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE +
-                      warpgroup * (64 * Traits::kDqCols) + wg_thread;
-
-  typename Traits::MmadQ mma;
-  Tensor coord = mma.get_thread_slice(wg_thread).partition_C(
-      make_identity_tensor(Shape<_64, Int<Traits::kDqCols>>{}));
+// Thread t of consumer warpgroup w: its values of the query tile's dQ (the
+// splits summed in order) back in the registers' layout, then stored.
+template <class Traits, int w>
+CUTE_DEVICE void convert_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws, float const* tile, int head,
+                                  int batch, int m0, int wg_thread) {
+  using Slice = typename Traits::template DqSlice<w>;
+  typename Slice::Mma mma;
+  Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Slice::kCols>>{}));
   Tensor acc = make_tensor<float>(shape(coord));
+  float const* mine = tile + Slice::kOffset + wg_thread;
   CUTE_UNROLL
   for (int j = 0; j < size(acc); ++j) acc(j) = mine[j * 128];
   for (int split = 1; split < ws.splits; ++split) {
     CUTE_UNROLL
     for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + j * 128];
   }
-
-  const int row0 = m0 + (Traits::kDqSplitRows ? warpgroup * 64 : 0);
-  const int col0 = Traits::kDqSplitRows ? 0 : warpgroup * Traits::kDqCols;
-  const int rows = p.seqlen_q(batch) - row0;
+  const int row0 = m0 + Slice::kRow0;
+  using Element = typename Traits::Element;
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
-                int64_t(row0) * p.dq_row_stride + col0;
-  store_pairs(acc, coord, p.scale, dq, p.dq_row_stride, rows);
+                int64_t(row0) * p.dq_row_stride + Slice::kCol0;
+  store_pairs(acc, coord, p.scale, dq, p.dq_row_stride, p.seqlen_q(batch) - row0);
+}
+
+// One CTA per (query tile, q head, batch), a thread per consumer thread.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kConsumerThreads)
+    bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  int head, batch;
+  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
+  const int m0 = blockIdx.x * Traits::kBlockM;
+  float const* tile = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * Traits::kHeadDim;
+  if (threadIdx.x < 128) {
+    convert_dq_slice<Traits, 0>(p, ws, tile, head, batch, m0, threadIdx.x);
+  } else {
+    convert_dq_slice<Traits, 1>(p, ws, tile, head, batch, m0, threadIdx.x - 128);
+  }
 }
 
 template <class Traits>

@@ -44,15 +44,30 @@ struct BwdTraits {
                     65536 / kThreads / 8 * 8 * kThreads,
                 "register split exceeds the launch allocation");
 
-  // dQ's tile (kBlockM x E) is split between the consumer warpgroups along
-  // the query rows when there are 64 per warpgroup, else along the head dim in
-  // slices of whole 128-byte swizzle atoms.
-  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumerWarpgroups;
-  static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
-  static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumerWarpgroups;
-  static_assert(kDqRows == 64 && (kDqSplitRows || kDqCols % 64 == 0), "no even split of dQ over the warpgroups");
-
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
+  static constexpr int kAtomCols = decltype(size<1>(SmemAtom{}))::value;  // head-dim columns of one swizzle atom
+
+  // dQ's tile (kBlockM x E) is split between the two consumer warpgroups:
+  // along the query rows when there are 64 per warpgroup, else along the head
+  // dim in slices of whole swizzle atoms (wgmma reads an MN-major B in whole
+  // atoms), the first warpgroup taking the larger slice (E = 96: 64 + 32).
+  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumerWarpgroups;
+  static constexpr int kDqCols0 =
+      kDqSplitRows ? kHeadDim : (kHeadDim / 2 + kAtomCols - 1) / kAtomCols * kAtomCols;
+  static_assert(kConsumerWarpgroups == 2 && (kDqSplitRows || kBlockM == 64), "no split of dQ over the warpgroups");
+  // Warpgroup w's share: 64 rows from kRow0, kCols columns from kCol0, staged
+  // (and kept in the accumulator) in its own fragment order from kOffset.
+  template <int w>
+  struct DqSlice {
+    static constexpr int kRow0 = kDqSplitRows ? 64 * w : 0;
+    static constexpr int kCol0 = kDqSplitRows ? 0 : w * kDqCols0;
+    static constexpr int kCols = kDqSplitRows || w == 0 ? kDqCols0 : kHeadDim - kDqCols0;
+    static constexpr int kOffset = w * 64 * kDqCols0;
+    static_assert(kCol0 % kCols == 0, "a slice starts at a multiple of its width");
+    using Mma = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kCols>, Int<kBlockN>>, GMMA::Major::MN,
+                             GMMA::Major::MN>()));
+  };
   // Q and dO stages, (query, dim, stage); K and V, (key, dim).
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQStage = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -76,9 +91,6 @@ struct BwdTraits {
       GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>()));
   using MmadKV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>()));
-  using MmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kDqCols>, Int<kBlockN>>, GMMA::Major::MN,
                            GMMA::Major::MN>()));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
@@ -121,6 +133,10 @@ struct BwdConfig;
 template <typename Element>
 struct BwdConfig<Element, 64> {
   using Traits = BwdTraits<Element, 64, 128, 128, 2>;
+};
+template <typename Element>
+struct BwdConfig<Element, 96> {
+  using Traits = BwdTraits<Element, 96, 64, 128, 2>;
 };
 template <typename Element>
 struct BwdConfig<Element, 128> {

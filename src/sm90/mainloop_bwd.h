@@ -134,6 +134,27 @@ struct BwdMainloop {
     }
   }
 
+  // Warpgroup w's share of dQ = dS K (BwdTraits::DqSlice), its wgmma waited
+  // for, then after(), then the values staged in its fragment order: value j
+  // of thread t at kOffset + j * 128 + t.
+  template <int w, class SdS, class SKt, class After>
+  CUTE_DEVICE static void dq_slice(SdS const& sdS, SKt const& sKt, float* staged, int wg_thread, After&& after) {
+    using Slice = typename Traits::template DqSlice<w>;
+    typename Slice::Mma mma;
+    auto thr = mma.get_thread_slice(wg_thread);
+    Tensor tdQrdS = thr.partition_fragment_A(local_tile(sdS, Shape<_64, Int<kBlockN>>{}, make_coord(Slice::kRow0 / 64, 0)));
+    Tensor tdQrK = thr.partition_fragment_B(
+        local_tile(sKt, Shape<Int<Slice::kCols>, Int<kBlockN>>{}, make_coord(Slice::kCol0 / Slice::kCols, 0)));
+    Tensor acc = partition_fragment_C(mma, Shape<_64, Int<Slice::kCols>>{});
+    wgmma<true, -1>(mma, tdQrdS, tdQrK, acc);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    after();
+    float* mine = staged + Slice::kOffset + wg_thread;
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc); ++j) mine[j * 128] = acc(j);
+  }
+
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
   // dV in its accumulators. thread_idx counts the consumer threads from 0.
   template <class AccdK, class AccdV>
@@ -155,26 +176,17 @@ struct BwdMainloop {
     Tensor sdSt = local_tile(make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdSt{}),
                              Shape<_64, Int<kBlockM>>{}, make_coord(warpgroup, 0));
     Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKt{});
-    // This warpgroup's share of dQ: 64 query rows, or a slice of the head dim.
-    constexpr bool kSplitRows = Traits::kDqSplitRows;
-    Tensor sdS_mine = local_tile(sdS, Shape<_64, Int<kBlockN>>{}, make_coord(kSplitRows ? warpgroup : 0, 0));
-    Tensor sKt_mine = local_tile(sKt, Shape<Int<Traits::kDqCols>, Int<kBlockN>>{},
-                                 make_coord(kSplitRows ? 0 : warpgroup, 0));
 
     typename Traits::MmaSdP mma_sdp;
     typename Traits::MmadKV mma_dkv;
-    typename Traits::MmadQ mma_dq;
     auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
     auto thr_dkv = mma_dkv.get_thread_slice(wg_thread);
-    auto thr_dq = mma_dq.get_thread_slice(wg_thread);
     Tensor tSrK = thr_sdp.partition_fragment_A(sK);
     Tensor tSrV = thr_sdp.partition_fragment_A(sV);
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
     Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
     Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS_mine);
-    Tensor tdQrK = thr_dq.partition_fragment_B(sKt_mine);
     Tensor tdSsdS = thr_sdp.partition_C(sdSt);
     // (key, query) of each S^T element, within this warpgroup's 64 keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));
@@ -258,21 +270,20 @@ struct BwdMainloop {
       }
       named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
 
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<_64, Int<Traits::kDqCols>>{});
-      wgmma<true, -1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dq);
-      warpgroup_fence_operand(acc_dv);
-      warpgroup_fence_operand(acc_dk);
-      pipeline_q.consumer_release(read);
-      pipeline_do.consumer_release(read);
-      ++read;
-
-      // Fragment order: value j of this warpgroup's thread t at j * 128 + t,
-      // after the warpgroups before it (BwdTraits; the convert kernel reads it so).
-      float* dq_mine = shared.dq.data() + warpgroup * (64 * Traits::kDqCols) + wg_thread;
-      CUTE_UNROLL
-      for (int j = 0; j < size(acc_dq); ++j) dq_mine[j * 128] = acc_dq(j);
+      // This warpgroup's share of dQ = dS K, staged for the reduction; the
+      // stage's Q and dO are free once its wgmmas (dV and dK too) complete.
+      auto release = [&] {
+        warpgroup_fence_operand(acc_dv);
+        warpgroup_fence_operand(acc_dk);
+        pipeline_q.consumer_release(read);
+        pipeline_do.consumer_release(read);
+        ++read;
+      };
+      if (warpgroup == 0) {
+        dq_slice<0>(sdS, sKt, shared.dq.data(), wg_thread, release);
+      } else {
+        dq_slice<1>(sdS, sKt, shared.dq.data(), wg_thread, release);
+      }
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
       if (leader) {
