@@ -58,9 +58,6 @@ FAMILIES = (
         nvcc_defines=("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         stride0_ok=False, align_bytes=16,
-        # The backward keeps dK and dV of 64 keys per warpgroup in registers, which
-        # head dims 192 and 256 do not fit yet: sm80 serves their backward.
-        pass_head_dims=(("bwd", (64, 96, 128)),),
         doc="Hopper: TMA, wgmma, warp specialisation; forward and backward",
     ),
     Family(

@@ -251,13 +251,15 @@ def test_hopper_forward_sm90_backward_sm80(fake):
 
 def test_hopper_sm90_both_ways_where_it_has_a_backward(fake):
     with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90):
-        for e in (64, 128):
+        for e in (64, 96, 128, 192, 256):
             d = tfb.explain(*qkv(hq=8, hkv=2, e=e, requires_grad=True), is_causal=True, enable_gqa=True)
             assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{e}", f"sm90_bwd_bf16_hdim{e}"), str(d)
-        # No sm90 backward for head dims 96, 192, 256: sm80's serves them.
-        for e in (96, 192, 256):
-            d = tfb.explain(*qkv(e=e, requires_grad=True))
-            assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{e}", f"sm80_bwd_bf16_hdim{e}"), str(d)
+    # A build without an sm90 backward for a head dim: sm80's serves it.
+    without = [n for n in SM90 if n != "sm90_bwd_bf16_hdim256"]
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + without):
+        d = tfb.explain(*qkv(e=256, requires_grad=True))
+        assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim256", "sm80_bwd_bf16_hdim256"), str(d)
+    with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90):
         # Inputs broadcast with stride 0: sm80 both ways (TMA cannot read them).
         q, k, v = qkv(e=128, requires_grad=True)
         d = tfb.explain(q, k[:, :1].expand(k.shape), v)

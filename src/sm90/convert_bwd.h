@@ -28,12 +28,12 @@ CUTE_DEVICE void convert_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws
   typename Slice::Mma mma;
   Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Slice::kCols>>{}));
   Tensor acc = make_tensor<float>(shape(coord));
-  float const* mine = tile + Slice::kOffset + wg_thread;
+  float const* mine = tile + Slice::kOffset;
   CUTE_UNROLL
-  for (int j = 0; j < size(acc); ++j) acc(j) = mine[j * 128];
+  for (int j = 0; j < size(acc); ++j) acc(j) = mine[Traits::dq_index(j, wg_thread)];
   for (int split = 1; split < ws.splits; ++split) {
     CUTE_UNROLL
-    for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + j * 128];
+    for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + Traits::dq_index(j, wg_thread)];
   }
   const int row0 = m0 + Slice::kRow0;
   using Element = typename Traits::Element;

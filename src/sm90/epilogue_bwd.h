@@ -1,7 +1,7 @@
-// End of a backward key tile: each consumer warpgroup writes its 64 keys of
-// dK (times the softmax scale) and dV from registers to global memory, a
-// converted column pair per 32-bit store, rows past the end of the keys left
-// out. Once per key tile, after a walk over every query tile: its cost is
+// End of a backward key tile: each consumer warpgroup writes its share of dK
+// (times the softmax scale) and dV, 64 keys by kDkvCols columns, from
+// registers to global memory, a converted column pair per 32-bit store, rows
+// past the end of the keys left out. Once per key tile, after a walk over every query tile: its cost is
 // small beside the walk, so it takes no shared memory and no TMA. The dQ
 // convert kernel writes dq the same way (store_pairs).
 #pragma once
@@ -42,14 +42,13 @@ CUTE_DEVICE void store_pairs(Acc const& acc, Coord const& coord, float factor, E
 template <class Traits>
 struct BwdEpilogue {
   using Element = typename Traits::Element;
-  static constexpr int kHeadDim = Traits::kHeadDim;
-
-  // rows: keys of this warpgroup's 64 that exist (may be <= 0).
+  // rows: keys of this warpgroup's 64 that exist (may be <= 0); out points at
+  // its first key and first head-dim column.
   template <class Acc>
   CUTE_DEVICE static void store(Acc const& acc, float factor, Element* out, int64_t row_stride, int rows,
                                 int wg_thread) {
     typename Traits::MmadKV mma;
-    Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<kHeadDim>>{}));
+    Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Traits::kDkvCols>>{}));
     store_pairs(acc, coord, factor, out, row_stride, rows);
   }
 };

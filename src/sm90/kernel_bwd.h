@@ -92,17 +92,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
     int unit = 0;
     for (int n_block = blockIdx.x; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
       const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
-      Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kHeadDim>>{});
-      Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kHeadDim>>{});
+      Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
+      Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
       clear(acc_dk);
       clear(acc_dv);
-      Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask, n_block, batch,
-                        unit, dq_split, thread_idx, acc_dk, acc_dv);
+      if constexpr (Traits::kSplitDim) {
+        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask,
+                                    n_block, batch, unit, dq_split, thread_idx, acc_dk, acc_dv);
+      } else {
+        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask, n_block, batch,
+                          unit, dq_split, thread_idx, acc_dk, acc_dv);
+      }
       // Every wgmma reading K and V has completed (compute's last wait).
       if (wg_thread == 0) shared.kv_free.arrive();
-      const int n0 = n_block * Traits::kBlockN + consumer * 64;
-      Element* dk = p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + n0 * p.dk_row_stride;
-      Element* dv = p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + n0 * p.dv_row_stride;
+      const int n0 = n_block * Traits::kBlockN + Traits::key0(consumer);
+      const int col0 = Traits::dkv_col0(consumer);
+      Element* dk = p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
+      Element* dv = p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
       BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, p.len_k - n0, wg_thread);
       BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, p.len_k - n0, wg_thread);
     }

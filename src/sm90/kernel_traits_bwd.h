@@ -1,15 +1,24 @@
 // Compile-time configuration of the sm90 backward: tile sizes per head dim,
-// thread roles, shared-memory layouts, the four wgmma tilings and the TMA types.
+// thread roles, shared-memory layouts, the wgmma tilings and the TMA types.
 //
 // A CTA owns kBlockN keys of one kv head and walks the query tiles (kBlockM
 // rows) of every query head of the GQA group. One producer warpgroup (one
-// thread issues every load) and kBlockN / 64 consumer warpgroups, each owning
-// 64 of the keys. Scores are computed transposed, keys as the wgmma's M:
-//   S^T  = K Q^T, dP^T = V dO^T   (64 keys x kBlockM, both operands in smem)
-//   dV  += P^T dO, dK += dS^T Q   (64 keys x E, P^T and dS^T from registers)
-//   dQ   = dS K                   (through smem; split over the warpgroups)
-// so P and dS never go through shared memory for dK and dV; dS alone does, for dQ.
+// thread issues every load) and two consumer warpgroups. Scores are computed
+// transposed, keys as the wgmma's M: S^T = K Q^T, dP^T = V dO^T. Two ways to
+// share the work between the consumers:
+// - by keys (head dims up to 128): each warpgroup owns 64 of the 128 keys, and
+//   dV += P^T dO, dK += dS^T Q take P^T and dS^T straight from its registers;
+//   dS goes through shared memory once, for dQ = dS K, which the warpgroups
+//   split by rows or head-dim columns.
+// - by head dim (kSplitDim; 192 and 256, whose dK and dV of 64 keys would not
+//   fit one warpgroup's registers): both own the tile's 64 keys, each computes
+//   the scores of half the queries and writes P^T and dS^T to shared memory,
+//   then dK, dV and dQ for its half of the head dim from there; dQ is added
+//   into the float32 accumulator with 16-byte atomics (no staging buffer fits
+//   beside two stages of Q and dO at E = 256).
 #pragma once
+
+#include <type_traits>
 
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -25,7 +34,7 @@ namespace sm90 {
 
 using namespace cute;
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplitDim_ = false>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -33,25 +42,33 @@ struct BwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
 
-  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr bool kSplitDim = kSplitDim_;
+  static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
   static constexpr int kThreads = kConsumerThreads + 128;
-  static_assert(kBlockN % 64 == 0 && kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= 2);
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128);
+  static_assert(kBlockN == (kSplitDim ? 64 : 128) && kBlockM % 64 == 0 && kBlockM <= 128);
+  static_assert(!kSplitDim || kBlockM == 64, "P^T and dS^T layouts below assume 64 queries");
+  // Per consumer warpgroup: the queries of its S^T and dP^T (the wgmma's N),
+  // the first of its keys, and the head-dim columns of its dK and dV.
+  static constexpr int kSdPQueries = kSplitDim ? kBlockM / 2 : kBlockM;
+  static constexpr int kDkvCols = kSplitDim ? kHeadDim / 2 : kHeadDim;
+  CUTE_HOST_DEVICE static constexpr int key0(int w) { return kSplitDim ? 0 : 64 * w; }
+  CUTE_HOST_DEVICE static constexpr int dkv_col0(int w) { return kSplitDim ? w * kDkvCols : 0; }
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * kConsumerThreads <=
                     65536 / kThreads / 8 * 8 * kThreads,
                 "register split exceeds the launch allocation");
 
-  using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
+  // Whole atoms per warpgroup slice of the head dim (E = 192: 64-byte atoms).
+  using SmemAtom = decltype(k_major_smem_atom<Element, kDkvCols>());
   static constexpr int kAtomCols = decltype(size<1>(SmemAtom{}))::value;  // head-dim columns of one swizzle atom
 
   // dQ's tile (kBlockM x E) is split between the two consumer warpgroups:
   // along the query rows when there are 64 per warpgroup, else along the head
   // dim in slices of whole swizzle atoms (wgmma reads an MN-major B in whole
   // atoms), the first warpgroup taking the larger slice (E = 96: 64 + 32).
-  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumerWarpgroups;
+  static constexpr bool kDqSplitRows = !kSplitDim && kBlockM == 64 * kConsumerWarpgroups;
   static constexpr int kDqCols0 =
       kDqSplitRows ? kHeadDim : (kHeadDim / 2 + kAtomCols - 1) / kAtomCols * kAtomCols;
   static_assert(kConsumerWarpgroups == 2 && (kDqSplitRows || kBlockM == 64), "no split of dQ over the warpgroups");
@@ -68,6 +85,12 @@ struct BwdTraits {
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kCols>, Int<kBlockN>>, GMMA::Major::MN,
                              GMMA::Major::MN>()));
   };
+  // Where value j of thread t of a warpgroup's dQ slice lives in the query
+  // tile's accumulator, from the slice's kOffset: threads interleaved, in runs
+  // of kDqVec values (4 where 16-byte atomics add them).
+  static constexpr int kDqVec = kSplitDim ? 4 : 1;
+  CUTE_HOST_DEVICE static constexpr int dq_index(int j, int t) { return (j / kDqVec * 128 + t) * kDqVec + j % kDqVec; }
+
   // Q and dO stages, (query, dim, stage); K and V, (key, dim).
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));
   using SmemLayoutQStage = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -83,15 +106,25 @@ struct BwdTraits {
   // neighbouring queries as one 32-bit store; dQ reads it as an MN-major A.
   using SmemLayoutdS =
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  using SmemLayoutdSt = decltype(composition(
-      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+  // The same bytes as (key, query). With 64 queries the K-major tiling of
+  // (key, query) maps every pair to the same element as the MN-major tiling
+  // of (query, key) does (both are 64-element rows of 128-byte swizzle atoms,
+  // 8 keys per atom), so the split-dim variant reads P^T and dS^T through it
+  // as dV's and dK's A operands, which wgmma wants in a canonical layout.
+  using SmemLayoutdStK =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
+  using SmemLayoutdSt = std::conditional_t<
+      kSplitDim, SmemLayoutdStK,
+      decltype(composition(SmemLayoutdS{},
+                           make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})))>;
 
   // Each warpgroup runs its own single-warpgroup tilings on its slabs.
   using MmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockM>, Int<kHeadDim>>>()));
-  using MmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
-                           GMMA::Major::MN>()));
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kSdPQueries>, Int<kHeadDim>>>()));
+  using MmadKVShape = Shape<_64, Int<kDkvCols>, Int<kBlockM>>;
+  using MmadKV = decltype(make_tiled_mma(std::conditional_t<
+      kSplitDim, decltype(GMMA::ss_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>()),
+      decltype(GMMA::rs_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>())>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
@@ -105,7 +138,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>> ds;
-    alignas(128) cute::array_aligned<float, kDqElems> dq;
+    alignas(1024) cute::array_aligned<Element, kSplitDim ? cosize_v<SmemLayoutdS> : 1> p;  // P^T, split-dim only
+    alignas(128) cute::array_aligned<float, kSplitDim ? 1 : kDqElems> dq;                 // dQ staged for the reduction
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e) of the stage's rows (lands with Q)
     alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O) (lands with dO)
     typename Pipeline::SharedStorage pipeline_q;
@@ -126,8 +160,8 @@ struct BwdTraits {
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 };
 
-// Tile sizes per head dim. dK and dV of a warpgroup's 64 keys stay in
-// registers (E / 2 floats each per thread), with S^T and dP^T (kBlockM / 2).
+// Tile sizes per head dim. dK and dV of a warpgroup stay in registers
+// (kDkvCols / 2 floats each per thread), with S^T and dP^T (kSdPQueries / 2).
 template <typename Element, int kHeadDim>
 struct BwdConfig;
 template <typename Element>
@@ -141,6 +175,14 @@ struct BwdConfig<Element, 96> {
 template <typename Element>
 struct BwdConfig<Element, 128> {
   using Traits = BwdTraits<Element, 128, 64, 128, 2>;
+};
+template <typename Element>
+struct BwdConfig<Element, 192> {
+  using Traits = BwdTraits<Element, 192, 64, 64, 2, true>;
+};
+template <typename Element>
+struct BwdConfig<Element, 256> {
+  using Traits = BwdTraits<Element, 256, 64, 64, 2, true>;
 };
 
 }  // namespace sm90

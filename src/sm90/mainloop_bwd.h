@@ -134,9 +134,55 @@ struct BwdMainloop {
     }
   }
 
+  // In place, as the wgmmas of acc_s and then acc_dp complete:
+  //   P^T = exp2(S^T scale_log2 - lse_log2),  dS^T = P^T (dP^T - D).
+  // coord: (key, query) of each value within the slice that starts at key k0
+  // and query q0 of the tiles; lse and dsum: the tile's row statistics.
+  // Padded query rows have lse = +inf, so their P is 0; hidden pairs are zeroed.
+  template <class Acc, class Coord>
+  CUTE_DEVICE static void softmax_grad(Acc& acc_s, Acc& acc_dp, Coord const& coord, float const* lse,
+                                       float const* dsum, Mask const& mask, int m_block, int n_block, int q0,
+                                       int k0, float scale_log2) {
+    constexpr int kRows = decltype(size<0>(coord))::value;
+    constexpr int kCols = decltype(size<1>(coord))::value;
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_s);
+    Tensor s = acc_rowcol(acc_s);
+    if (mask.needs_predicate(m_block, n_block)) {
+      const int key_base = n_block * kBlockN + k0;
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const int col = q0 + get<1>(coord(0, c));
+        const float l = lse[col];
+        const int key_end = mask.policy.key_end(m_block * kBlockM + col) - key_base;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float x = exp2f(fmaf(s(r, c), scale_log2, -l));
+          s(r, c) = get<0>(coord(r, c)) < key_end ? x : 0.f;
+        }
+      }
+    } else {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float l = lse[q0 + get<1>(coord(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -l));
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dp);
+    Tensor dp = acc_rowcol(acc_dp);
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float d = dsum[q0 + get<1>(coord(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - d);
+    }
+  }
+
   // Warpgroup w's share of dQ = dS K (BwdTraits::DqSlice), its wgmma waited
-  // for, then after(), then the values staged in its fragment order: value j
-  // of thread t at kOffset + j * 128 + t.
+  // for, then after(), then the values staged in its fragment order
+  // (BwdTraits::dq_index).
   template <int w, class SdS, class SKt, class After>
   CUTE_DEVICE static void dq_slice(SdS const& sdS, SKt const& sKt, float* staged, int wg_thread, After&& after) {
     using Slice = typename Traits::template DqSlice<w>;
@@ -150,9 +196,9 @@ struct BwdMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     after();
-    float* mine = staged + Slice::kOffset + wg_thread;
+    float* mine = staged + Slice::kOffset;
     CUTE_UNROLL
-    for (int j = 0; j < size(acc); ++j) mine[j * 128] = acc(j);
+    for (int j = 0; j < size(acc); ++j) mine[Traits::dq_index(j, wg_thread)] = acc(j);
   }
 
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
@@ -191,10 +237,7 @@ struct BwdMainloop {
     // (key, query) of each S^T element, within this warpgroup's 64 keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));
     Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
-    constexpr int kRows = decltype(size<0>(coord))::value;
-    constexpr int kCols = decltype(size<1>(coord))::value;
 
-    const int n0 = n_block * kBlockN + warpgroup * 64;
     const bool leader = thread_idx == 0;
     constexpr int kConsumers = Traits::kConsumerThreads;
 
@@ -210,44 +253,8 @@ struct BwdMainloop {
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       wgmma<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
 
-      // P^T = exp2(S^T scale_log2 - lse_log2): queries are the columns. Padded
-      // query rows have lse = +inf, so their P is 0; hidden pairs are zeroed.
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(acc_s);
-      Tensor s = acc_rowcol(acc_s);
-      float const* lse = shared.lse[stage];
-      const int m0 = step.m_block * kBlockM;
-      if (mask.needs_predicate(step.m_block, n_block)) {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int col = get<1>(coord(0, c));
-          const float l = lse[col];
-          const int key_end = mask.policy.key_end(m0 + col) - n0;
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const float x = exp2f(fmaf(s(r, c), p.scale_log2, -l));
-            s(r, c) = get<0>(coord(r, c)) < key_end ? x : 0.f;
-          }
-        }
-      } else {
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const float l = lse[get<1>(coord(0, c))];
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) s(r, c) = exp2f(fmaf(s(r, c), p.scale_log2, -l));
-        }
-      }
-      // dS^T = P^T (dP^T - D)
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dp);
-      Tensor dp = acc_rowcol(acc_dp);
-      float const* dsum = shared.dsum[stage];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float d = dsum[get<1>(coord(0, c))];
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - d);
-      }
+      softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, step.m_block, n_block, 0,
+                   warpgroup * 64, p.scale_log2);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tdVrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -290,6 +297,110 @@ struct BwdMainloop {
         const int64_t tile = stat_offset(p, batch, step.head_q, step.m_block) * kHeadDim;
         bulk_reduce_add(dq_split + tile, shared.dq.data(), Traits::kDqElems * int(sizeof(float)));
         tma_store_arrive();
+      }
+    }
+  }
+
+  // Consumer, split-dim variant (BwdTraits::kSplitDim): warpgroup w computes
+  // S^T and dP^T for the tile's 64 keys and its half of the query tile, writes
+  // P^T and dS^T to shared memory, then dV, dK (left in its accumulators) and
+  // dQ for its half of the head dim, and adds dQ into the float32 accumulator.
+  template <class AccdK, class AccdV>
+  CUTE_DEVICE static void compute_split_dim(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
+                                            Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
+                                            Mask const& mask, int n_block, int batch, int unit, float* dq_split,
+                                            int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
+    static_assert(Traits::kSplitDim);
+    constexpr int kQueries = Traits::kSdPQueries;
+    constexpr int kCols = Traits::kDkvCols;
+    constexpr int kStages = Traits::kStages;
+    const int warpgroup = thread_idx / 128;
+    const int wg_thread = thread_idx % 128;
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
+    Tensor sQt = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQt{});
+    Tensor sdOt = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQt{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+    Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKt{});
+    Tensor sPt = make_tensor(make_smem_ptr(shared.p.data()), typename Traits::SmemLayoutdSt{});
+    Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdSt{});
+    Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdS{});
+    // This warpgroup's queries (scores) and head-dim columns (dK, dV, dQ).
+    using QueryHalf = Shape<Int<kQueries>, Int<kHeadDim>, Int<kStages>>;
+    using ColsQ = Shape<Int<kCols>, Int<kBlockM>, Int<kStages>>;
+    Tensor sQ_mine = local_tile(sQ, QueryHalf{}, make_coord(warpgroup, 0, 0));
+    Tensor sdO_mine = local_tile(sdO, QueryHalf{}, make_coord(warpgroup, 0, 0));
+    Tensor sQt_mine = local_tile(sQt, ColsQ{}, make_coord(warpgroup, 0, 0));
+    Tensor sdOt_mine = local_tile(sdOt, ColsQ{}, make_coord(warpgroup, 0, 0));
+    Tensor sKt_mine = local_tile(sKt, Shape<Int<kCols>, Int<kBlockN>>{}, make_coord(warpgroup, 0));
+
+    typename Traits::MmaSdP mma_sdp;
+    typename Traits::MmadKV mma_dkv;
+    using Slice = typename Traits::template DqSlice<0>;  // both halves have its shape
+    typename Slice::Mma mma_dq;
+    auto thr_sdp = mma_sdp.get_thread_slice(wg_thread);
+    auto thr_dkv = mma_dkv.get_thread_slice(wg_thread);
+    auto thr_dq = mma_dq.get_thread_slice(wg_thread);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ_mine);
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO_mine);
+    Tensor tdVrP = thr_dkv.partition_fragment_A(sPt);
+    Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt_mine);
+    Tensor tdKrdS = thr_dkv.partition_fragment_A(sdSt);
+    Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt_mine);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+    Tensor tdQrK = thr_dq.partition_fragment_B(sKt_mine);
+    Tensor tPsP = thr_sdp.partition_C(local_tile(sPt, Shape<_64, Int<kQueries>>{}, make_coord(0, warpgroup)));
+    Tensor tdSsdS = thr_sdp.partition_C(local_tile(sdSt, Shape<_64, Int<kQueries>>{}, make_coord(0, warpgroup)));
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kQueries>>{}));
+    Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
+    constexpr int kConsumers = Traits::kConsumerThreads;
+
+    shared.kv_full.wait(unit & 1);
+    for (int i = 0; i < steps.count; ++i) {
+      const auto step = steps.at(i);
+      const int stage = read.index();
+
+      pipeline_q.consumer_wait(read);
+      Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
+      wgmma<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+      pipeline_do.consumer_wait(read);
+      Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
+      wgmma<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
+      softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, step.m_block, n_block,
+                   warpgroup * kQueries, 0, p.scale_log2);
+      Tensor p_regs = convert_fragment<Element>(acc_s);
+      Tensor ds_regs = convert_fragment<Element>(acc_dp);
+
+      // Both warpgroups' products of the previous step have read P^T and dS^T.
+      named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
+      copy(p_regs, tPsP);
+      copy(ds_regs, tdSsdS);
+      cutlass::arch::fence_view_async_shared();
+      named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
+
+      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<_64, Int<kCols>>{});
+      wgmma<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+      wgmma<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+      wgmma<true, -1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_dq);
+      warpgroup_fence_operand(acc_dv);
+      warpgroup_fence_operand(acc_dk);
+      pipeline_q.consumer_release(read);
+      pipeline_do.consumer_release(read);
+      ++read;
+
+      // Each value has one adding thread per CTA and step, so a split that one
+      // CTA owns (deterministic mode) sums in a fixed order.
+      float* tile = dq_split + stat_offset(p, batch, step.head_q, step.m_block) * kHeadDim +
+                    (warpgroup == 0 ? Traits::template DqSlice<0>::kOffset : Traits::template DqSlice<1>::kOffset);
+      CUTE_UNROLL
+      for (int j = 0; j < size(acc_dq); j += 4) {
+        atomicAdd(reinterpret_cast<float4*>(tile + Traits::dq_index(j, wg_thread)),
+                  make_float4(acc_dq(j), acc_dq(j + 1), acc_dq(j + 2), acc_dq(j + 3)));
       }
     }
   }
