@@ -1,9 +1,11 @@
 """A small grid of forward and backward launches for compute-sanitizer, once with
 both passes pinned to sm80 and once with the default families (on Hopper: the
-sm90 forward, and the sm90 backward for the head dims it has; several key tiles
-per CTA in its deterministic mode). Head dim 192 is the sm90
-forward that stages O in Q's buffer; the bf16 shape with more query tiles than
-SMs has the persistent sm90 CTAs run several tiles, reusing their buffers.
+sm90 forward and backward; several key tiles per CTA in its deterministic
+mode). Head dims 64, 96 and 128 are the sm90 backward whose warpgroups split
+the keys (dQ by rows, by 64 + 32 and by 64 + 64 columns), 192 the one whose
+warpgroups split the head dim, and the sm90 forward that stages O in Q's
+buffer; the bf16 shape with more query tiles than SMs has the persistent sm90
+CTAs run several tiles, reusing their buffers.
 Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
 backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
@@ -101,7 +103,7 @@ def decode(head_dims):
 
 def main():
     built = set(tfb.built_kernels())
-    head_dims = [e for e in (64, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
+    head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
                                              for p in ("fwd", "bwd") for d in ("fp16", "bf16"))]
     passes = [("sm80",)]
     sm90 = any(f"sm90_fwd_{d}_hdim{e}" in built for d in ("fp16", "bf16") for e in head_dims)
@@ -112,7 +114,8 @@ def main():
     for families in passes:
         with testing.kernel_families(*families):
             grid(head_dims)
-            edges(head_dims[0])
+            for e in (head_dims[0], head_dims[-1]):
+                edges(e)
             if families == ("sm80",):
                 decode(head_dims)
         print(f"sanitize grid ran: head dims {head_dims}, families {', '.join(families) or 'default'}")

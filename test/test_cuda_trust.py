@@ -2,7 +2,7 @@
 largest, NaN and inf, grids past CUDA's 65535 limit on y and z, and the
 deterministic backward. Every forward family runs each case (the `family`
 fixture) with sm80 allowed besides it: the backward is the family's own where
-it has one for the head dim (sm90: 64 and 128), else sm80's.
+it has one for the head dim (sm90 has every one it has a forward for), else sm80's.
 """
 import contextlib
 import math
@@ -186,7 +186,8 @@ def test_batch_times_heads_past_grid_limit(family, shape):
 
 
 # The last case has batch x kv heads past the SM count: one dQ split, one CTA per (kv head, batch).
-@pytest.mark.parametrize("e,hq,hkv,length", [(64, 4, 4, 1000), (128, 8, 2, 777), (256, 2, 1, 300), (64, 80, 80, 300)])
+@pytest.mark.parametrize("e,hq,hkv,length", [(64, 4, 4, 1000), (96, 6, 2, 500), (128, 8, 2, 777), (192, 4, 2, 333),
+                                             (256, 2, 1, 300), (64, 80, 80, 300)])
 @testing.deterministic_algorithms()
 def test_deterministic_backward_is_bitwise_repeatable(e, hq, hkv, length):
     q, k, v = _qkv(2, hq, length, e, hkv=hkv, requires_grad=True)
