@@ -106,17 +106,22 @@ struct BwdTraits {
   // neighbouring queries as one 32-bit store; dQ reads it as an MN-major A.
   using SmemLayoutdS =
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  // The same bytes as (key, query). With 64 queries the K-major tiling of
-  // (key, query) maps every pair to the same element as the MN-major tiling
-  // of (query, key) does (both are 64-element rows of 128-byte swizzle atoms,
-  // 8 keys per atom), so the split-dim variant reads P^T and dS^T through it
-  // as dV's and dK's A operands, which wgmma wants in a canonical layout.
-  using SmemLayoutdStK =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kBlockM>>{}));
-  using SmemLayoutdSt = std::conditional_t<
-      kSplitDim, SmemLayoutdStK,
-      decltype(composition(SmemLayoutdS{},
-                           make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})))>;
+  // The same bytes as (key, query), for the consumers' writes.
+  using SmemLayoutdSt = decltype(composition(
+      SmemLayoutdS{}, make_layout(Shape<Int<kBlockN>, Int<kBlockM>>{}, Stride<Int<kBlockM>, _1>{})));
+  // Split-dim: P^T and dS^T in two buffers (key, query, buffer), dS also as
+  // (query, key, buffer): with 64 queries the K-major tiling of (key, query)
+  // maps every pair to the same element as the MN-major tiling of (query,
+  // key) does (64-element rows of 128-byte swizzle atoms, 8 keys per atom),
+  // and wgmma wants each operand in a canonical layout. A step writes buffer
+  // step % 2, which the products of two steps back read: both warpgroups have
+  // waited for those before the barrier of the step between, so one barrier
+  // per step suffices.
+  static constexpr int kPdSBuffers = kSplitDim ? 2 : 1;
+  using SmemLayoutPdStBuf = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                   Shape<Int<kBlockN>, Int<kBlockM>, Int<kPdSBuffers>>{}));
+  using SmemLayoutdSBuf = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                 Shape<Int<kBlockM>, Int<kBlockN>, Int<kPdSBuffers>>{}));
 
   // Each warpgroup runs its own single-warpgroup tilings on its slabs.
   using MmaSdP = decltype(make_tiled_mma(
@@ -137,8 +142,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdS>> ds;
-    alignas(1024) cute::array_aligned<Element, kSplitDim ? cosize_v<SmemLayoutdS> : 1> p;  // P^T, split-dim only
+    alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutdSBuf>> ds;
+    alignas(1024) cute::array_aligned<Element, kSplitDim ? cosize_v<SmemLayoutdSBuf> : 1> p;  // P^T, split-dim only
     alignas(128) cute::array_aligned<float, kSplitDim ? 1 : kDqElems> dq;                 // dQ staged for the reduction
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e) of the stage's rows (lands with Q)
     alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O) (lands with dO)

@@ -323,9 +323,10 @@ struct BwdMainloop {
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
     Tensor sKt = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKt{});
-    Tensor sPt = make_tensor(make_smem_ptr(shared.p.data()), typename Traits::SmemLayoutdSt{});
-    Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdSt{});
-    Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdS{});
+    // (key, query, buffer) and (query, key, buffer).
+    Tensor sPt = make_tensor(make_smem_ptr(shared.p.data()), typename Traits::SmemLayoutPdStBuf{});
+    Tensor sdSt = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutPdStBuf{});
+    Tensor sdS = make_tensor(make_smem_ptr(shared.ds.data()), typename Traits::SmemLayoutdSBuf{});
     // This warpgroup's queries (scores) and head-dim columns (dK, dV, dQ).
     using QueryHalf = Shape<Int<kQueries>, Int<kHeadDim>, Int<kStages>>;
     using ColsQ = Shape<Int<kCols>, Int<kBlockM>, Int<kStages>>;
@@ -352,8 +353,9 @@ struct BwdMainloop {
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt_mine);
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
     Tensor tdQrK = thr_dq.partition_fragment_B(sKt_mine);
-    Tensor tPsP = thr_sdp.partition_C(local_tile(sPt, Shape<_64, Int<kQueries>>{}, make_coord(0, warpgroup)));
-    Tensor tdSsdS = thr_sdp.partition_C(local_tile(sdSt, Shape<_64, Int<kQueries>>{}, make_coord(0, warpgroup)));
+    using MyQueries = Shape<_64, Int<kQueries>, Int<Traits::kPdSBuffers>>;
+    Tensor tPsP = thr_sdp.partition_C(local_tile(sPt, MyQueries{}, make_coord(0, warpgroup, 0)));
+    Tensor tdSsdS = thr_sdp.partition_C(local_tile(sdSt, MyQueries{}, make_coord(0, warpgroup, 0)));
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kQueries>>{}));
     Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
     constexpr int kConsumers = Traits::kConsumerThreads;
@@ -374,17 +376,16 @@ struct BwdMainloop {
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor ds_regs = convert_fragment<Element>(acc_dp);
 
-      // Both warpgroups' products of the previous step have read P^T and dS^T.
-      named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
-      copy(p_regs, tPsP);
-      copy(ds_regs, tdSsdS);
+      const int buf = i % 2;
+      copy(p_regs, tPsP(_, _, _, buf));
+      copy(ds_regs, tdSsdS(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
 
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<_64, Int<kCols>>{});
-      wgmma<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-      wgmma<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-      wgmma<true, -1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+      wgmma<false, -1>(mma_dkv, tdVrP(_, _, _, buf), tdVrdO(_, _, _, stage), acc_dv);
+      wgmma<false, -1>(mma_dkv, tdKrdS(_, _, _, buf), tdKrQ(_, _, _, stage), acc_dk);
+      wgmma<true, -1>(mma_dq, tdQrdS(_, _, _, buf), tdQrK, acc_dq);
       warpgroup_wait<0>();
       warpgroup_fence_operand(acc_dq);
       warpgroup_fence_operand(acc_dv);
