@@ -15,8 +15,8 @@ Rows (median ms of --reps runs, the two variants in turns):
               "reduce-overhead" mode, so each step replays a CUDA graph; the step passes a
               boolean mask over the whole cache). Rows: the whole generate, and one decode
               step, (time of --new-tokens minus time of one) / (--new-tokens - 1).
-Then the largest |logit| difference of the prefill, and the share of one decode
-step's GPU time spent in attention kernels (profiler; kernels whose names hold
+Then the largest |logit| difference of the prefill, and the share of the train
+step's and of one decode step's GPU time spent in attention kernels (profiler; kernels whose names hold
 "attention", "flash", "fmha" or our families' namespaces).
 """
 import argparse
@@ -67,21 +67,29 @@ def variants(fn):
     return {"PyTorch": fn, "enable()": ours}
 
 
-def attention_share(model, prompt):
-    """Share of a one-token decode step's CUDA time in attention kernels, and the step's kernels' total µs."""
+def attention_share(fn):
+    """Share of fn()'s CUDA time in attention kernels, and its kernels' total µs."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad():
-        out = model(prompt, use_cache=True)
-        step = prompt[:, -1:]
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            model(step, past_key_values=out.past_key_values, use_cache=True)
-            torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     total = sum(e.time_range.elapsed_us() for e in kernels)
     attention = sum(e.time_range.elapsed_us() for e in kernels if any(s in e.name for s in ATTENTION_KERNELS))
     return attention / total if total else float("nan"), total
+
+
+def decode_step(model, prompt):
+    """One one-token decode step after the prompt (its prefill outside the timing)."""
+    with torch.no_grad():
+        out = model(prompt, use_cache=True)
+
+    def step():
+        with torch.no_grad():
+            model(prompt[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+    return step
 
 
 def static_rows(model, batch, length, new_tokens, reps):
@@ -134,7 +142,7 @@ def main():
     model = build(args)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; Llama hidden {args.hidden}, {args.heads} heads, "
           f"{args.kv_heads} KV heads, {args.layers} layers, bf16")
-    rows = []
+    rows, notes = [], []
 
     if "train" in wanted:
         ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
@@ -145,6 +153,12 @@ def main():
             model(ids, labels=ids).loss.backward()
             optimizer.step()
         rows.append(("train step", f"batch 2 x {args.train_len}", in_turns(variants(train_step), args.reps)))
+        # What attention bounds: with its kernels taking no time at all, a step
+        # would run at most 1 / (1 - share) times faster.
+        for name, fn in variants(lambda: attention_share(train_step)).items():
+            share, total = fn()
+            notes.append(f"train step ({name}): attention {share:.1%} of {total / 1000:.1f} ms of GPU time "
+                         f"(a step with free attention: {1 / (1 - share):.2f}x)")
         del optimizer
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
@@ -193,7 +207,9 @@ def main():
         ours = prefill().float()
     print(f"\nprefill max |logit difference|: {(plain - ours).abs().max().item():.4f} "
           f"(logits up to {plain.abs().max().item():.1f})")
-    for name, fn in variants(lambda: attention_share(model, prompt)).items():
+    for note in notes:
+        print(note)
+    for name, fn in variants(lambda: attention_share(decode_step(model, prompt))).items():
         share, total = fn()
         print(f"decode step ({name}): attention {share:.1%} of {total:.0f} µs of GPU time")
     tfb.reset_stats()

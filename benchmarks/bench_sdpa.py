@@ -92,12 +92,13 @@ def time_in_turns(runs, warmup, reps, sync=False):
     return results
 
 
-def make_inputs(b, h, l, e, dtype, grad):
-    def one():
-        t = torch.randn(b, l, h, e, device="cuda", dtype=dtype).transpose(1, 2)
+def make_inputs(b, h, l, e, dtype, grad, group=1):
+    """q with h heads, k and v with h / group (the (B, L, H, E).transpose(1, 2) layout)."""
+    def one(heads):
+        t = torch.randn(b, l, heads, e, device="cuda", dtype=dtype).transpose(1, 2)
         return t.requires_grad_(grad)
 
-    return one(), one(), one()
+    return one(h), one(h // group), one(h // group)
 
 
 # ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
@@ -123,15 +124,16 @@ def sm90_serves_forward():
 
 def runner(backend, q, k, v, causal, mode):
     """A closure running one forward (or forward+backward) with `backend`."""
+    gqa = k.shape[1] != q.shape[1]
     if backend in OURS:
         import torch_flash_backend as tfb
 
         def fwd():
-            return tfb.flash_attn(q, k, v, is_causal=causal)
+            return tfb.flash_attn(q, k, v, is_causal=causal, enable_gqa=gqa)
     else:
         def fwd():
             with sdpa_kernel(BACKENDS[backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
     if mode == "fwd":
         def run():
@@ -178,6 +180,7 @@ def main(argv=None):
     p.add_argument("--head-dims", default="64,128,256")
     p.add_argument("--lens", default="512,1024,2048,4096,8192,16384")
     p.add_argument("--causal", default="0,1")
+    p.add_argument("--group", type=int, default=1, help="query heads per kv head (GQA; 1: as many kv heads)")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient")
     p.add_argument("--warmup", type=int, default=5)
@@ -198,6 +201,7 @@ def main(argv=None):
         notes.append("ours-sm80 left out: no sm90 forward runs here, so ours is sm80 already")
     print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, "
+          f"{'GQA %d query heads per kv head, ' % args.group if args.group > 1 else ''}"
           f"{'synchronised after every call' if args.sync else 'calls queued'}\n")
     if args.gemm:
         print(f"bf16 GEMM 8192^3: {gemm_tflops(torch.bfloat16):.0f} TFLOP/s\n")
@@ -220,7 +224,7 @@ def main(argv=None):
             for e in head_dims:
                 for l in (int(x) for x in args.lens.split(",")):
                     b, h = max(1, args.tokens // l), args.hidden // e
-                    q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd")
+                    q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd", args.group)
                     flops = attention_flops(b, h, l, l, e, causal, mode)
                     runs = {x: (lambda x=x: families(x), runner(x, q, k, v, causal, mode)) for x in backends}
                     rates = {}

@@ -22,6 +22,7 @@ struct BwdKernelParams {
   using Element = typename Traits::Element;
   typename BwdMainloop<Traits>::Params mainloop;
   int heads_kv, batch, n_blocks;
+  int group_pairs;  // (kv head, batch) pairs per group of CTAs (HeadBatchGrid::locate_grouped)
   // Uniform lengths (can_run_bwd refuses per-batch ones), so the mask is built
   // on the host once.
   int len_k;
@@ -41,8 +42,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
   using SharedStorage = typename Traits::SharedStorage;
   using Element = typename Traits::Element;
 
-  int head_kv, batch;
-  if (!HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)) return;
+  // Deterministic: blockIdx.x is the dQ split, whose CTA walks key tiles
+  // blockIdx.x, + gridDim.x, ... Otherwise one key tile per CTA, in groups of
+  // about one wave, the first key tiles (the longest walks under a causal
+  // mask) of a group starting first.
+  int head_kv, batch, first_block = blockIdx.x;
+  if (p.mainloop.deterministic
+          ? !HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)
+          : !HeadBatchGrid::locate_grouped(p.heads_kv, p.batch, p.group_pairs, first_block, head_kv, batch)) {
+    return;
+  }
 
   extern __shared__ __align__(1024) char smem[];
   SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
@@ -77,7 +86,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
     if (threadIdx.x == 0) {
       auto write = cutlass::make_producer_start_state<Pipeline>();
       int unit = 0;
-      for (int n_block = blockIdx.x; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
+      for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
         const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
         Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, n_block, head_kv, batch, unit);
       }
@@ -90,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
     typename Traits::MmadKV mma_dkv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int unit = 0;
-    for (int n_block = blockIdx.x; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
+    for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
       const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
       Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
       Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});

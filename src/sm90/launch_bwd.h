@@ -3,6 +3,7 @@
 // (dK, dV; dQ reduced into the accumulator) -> dQ convert.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -61,6 +62,7 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
       a.heads_kv,
       a.batch,
       n_blocks,
+      std::max(1, a.num_sms / n_blocks),  // a group's CTAs fill the SMs about once
       a.len_k,
       {mask::causal_if(a.is_causal, a.len_q, a.len_k)},
       a.scale,
