@@ -180,6 +180,23 @@ struct BwdMainloop {
     }
   }
 
+  // One step's S^T = K Q^T and dP^T = V dO^T, each issued once its stage has
+  // landed, then P^T and dS^T in their place (softmax_grad).
+  template <class Mma, class FragKV, class FragQ, class Acc, class Coord>
+  CUTE_DEVICE static void scores_and_grads(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
+                                           Pipeline& pipeline_do, PipelineState const& read, Mma& mma,
+                                           FragKV const& tSrK, FragKV const& tSrV, FragQ const& tSrQ,
+                                           FragQ const& tSrdO, Acc& acc_s, Acc& acc_dp, Coord const& coord,
+                                           Mask const& mask, int m_block, int n_block, int q0, int k0) {
+    const int stage = read.index();
+    pipeline_q.consumer_wait(read);
+    wgmma<true, -1>(mma, tSrK, tSrQ(_, _, _, stage), acc_s);
+    pipeline_do.consumer_wait(read);
+    wgmma<true, -1>(mma, tSrV, tSrdO(_, _, _, stage), acc_dp);
+    softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, m_block, n_block, q0, k0,
+                 p.scale_log2);
+  }
+
   // Warpgroup w's share of dQ = dS K (BwdTraits::DqSlice), its wgmma waited
   // for, then after(), then the values staged in its fragment order
   // (BwdTraits::dq_index).
@@ -246,15 +263,10 @@ struct BwdMainloop {
       const auto step = steps.at(i);
       const int stage = read.index();
 
-      pipeline_q.consumer_wait(read);
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
-      wgmma<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-      pipeline_do.consumer_wait(read);
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
-      wgmma<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
-
-      softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, step.m_block, n_block, 0,
-                   warpgroup * 64, p.scale_log2);
+      scores_and_grads(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s, acc_dp,
+                       coord, mask, step.m_block, n_block, 0, warpgroup * 64);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tdVrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -365,14 +377,10 @@ struct BwdMainloop {
       const auto step = steps.at(i);
       const int stage = read.index();
 
-      pipeline_q.consumer_wait(read);
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
-      wgmma<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-      pipeline_do.consumer_wait(read);
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
-      wgmma<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), acc_dp);
-      softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, step.m_block, n_block,
-                   warpgroup * kQueries, 0, p.scale_log2);
+      scores_and_grads(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s, acc_dp,
+                       coord, mask, step.m_block, n_block, warpgroup * kQueries, 0);
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor ds_regs = convert_fragment<Element>(acc_dp);
 
