@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A/B of built libraries in one run: each library in turn, ROUNDS rounds, one
+# bench_sdpa.py process per library and round, rows prefixed with the library
+# and round. The library in torch_flash_backend/lib is put back at the end.
+#
+#   bash benchmarks/ab_libs.sh "--head-dims 128 --lens 4096 --modes fwdbwd" old/libtorch_flash_backend.so new/libtorch_flash_backend.so
+#
+# Build each variant here, copy its torch_flash_backend/lib/libtorch_flash_backend.so
+# to a folder of its own, and carry those folders to the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args=$1
+shift
+ROUNDS=${ROUNDS:-2}
+lib=torch_flash_backend/lib/libtorch_flash_backend.so
+saved=$(mktemp -d)
+cp "$lib" "$saved/"
+for candidate in "$@"; do cp "$candidate" "$saved/$(echo "$candidate" | tr / _)"; done
+trap 'cp "$saved/libtorch_flash_backend.so" "$lib"' EXIT
+for round in $(seq "$ROUNDS"); do
+  for candidate in "$@"; do
+    cp "$saved/$(echo "$candidate" | tr / _)" "$lib"
+    # word splitting of $args is wanted: it holds several options
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_sdpa.py $args 2>&1 | grep "^| fwd" | sed "s|^|$candidate r$round |"
+  done
+done
