@@ -7,7 +7,7 @@
 #
 # Build each variant here, copy its torch_flash_backend/lib/libtorch_flash_backend.so
 # to a folder of its own, and carry those folders to the GPU machine.
-set -euo pipefail
+set -eu  # no pipefail: a bench that fails prints its "no rows" line and the rounds go on
 cd "$(dirname "$0")/.."
 args=$1
 shift
@@ -22,6 +22,6 @@ for round in $(seq "$ROUNDS"); do
     cp "$saved/$(echo "$candidate" | tr / _)" "$lib"
     # word splitting of $args is wanted: it holds several options
     # shellcheck disable=SC2086
-    python3 benchmarks/bench_sdpa.py $args 2>&1 | grep "^| fwd" | sed "s|^|$candidate r$round |"
+    python3 benchmarks/bench_sdpa.py $args 2>&1 | { grep "^| fwd" || echo "(no rows: $candidate)"; } | sed "s|^|$candidate r$round |"
   done
 done
