@@ -4,6 +4,7 @@
 # and round. The library in torch_flash_backend/lib is put back at the end.
 #
 #   bash benchmarks/ab_libs.sh "--head-dims 128 --lens 4096 --modes fwdbwd" old/libtorch_flash_backend.so new/libtorch_flash_backend.so
+#   BENCH=bench_decode.py bash benchmarks/ab_libs.sh "--batch 8 --queries 1" old/... new/...
 #
 # Build each variant here, copy its torch_flash_backend/lib/libtorch_flash_backend.so
 # to a folder of its own, and carry those folders to the GPU machine.
@@ -12,6 +13,9 @@ cd "$(dirname "$0")/.."
 args=$1
 shift
 ROUNDS=${ROUNDS:-2}
+BENCH=${BENCH:-bench_sdpa.py}
+# a table row of that bench: bench_sdpa.py's start with the mode, bench_decode.py's with B
+case $BENCH in bench_decode.py) ROW='^| [0-9]' ;; *) ROW='^| fwd' ;; esac
 lib=torch_flash_backend/lib/libtorch_flash_backend.so
 saved=$(mktemp -d)
 cp "$lib" "$saved/"
@@ -22,6 +26,6 @@ for round in $(seq "$ROUNDS"); do
     cp "$saved/$(echo "$candidate" | tr / _)" "$lib"
     # word splitting of $args is wanted: it holds several options
     # shellcheck disable=SC2086
-    python3 benchmarks/bench_sdpa.py $args 2>&1 | { grep "^| fwd" || echo "(no rows: $candidate)"; } | sed "s|^|$candidate r$round |"
+    python3 "benchmarks/$BENCH" $args 2>&1 | { grep "$ROW" || echo "(no rows: $candidate)"; } | sed "s|^|$candidate r$round |"
   done
 done

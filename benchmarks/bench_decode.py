@@ -3,6 +3,7 @@
     python benchmarks/bench_decode.py                 # the grid below, markdown table
     python benchmarks/bench_decode.py --batch 8 --lens 1024,65536 --queries 1
     python benchmarks/bench_decode.py --mask cache --used 0.5 --heads 16,16   # a static cache's mask
+    python benchmarks/bench_decode.py --batch 8 --lens 1024 --queries 1 --profile   # kernels per call
 
 bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
 the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask, or with
@@ -96,6 +97,35 @@ def time_graphs(graphs, rounds):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def kernel_breakdown(graph):
+    """The graph's kernels under the profiler: (name, µs per call) summed by name, and
+    the span from the first kernel's start to the last one's end per call (launch gaps
+    included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and e.name and "Memcpy" not in e.name]
+    if not kernels:
+        return [], 0.0
+    totals = {}
+    for e in kernels:
+        totals[e.name] = totals.get(e.name, 0.0) + e.time_range.elapsed_us() / CALLS_PER_GRAPH
+    start = min(e.time_range.start for e in kernels)
+    end = max(e.time_range.end for e in kernels)
+    return sorted(totals.items(), key=lambda kv: -kv[1]), (end - start) / CALLS_PER_GRAPH
+
+
+def print_breakdown(graphs):
+    for name, graph in graphs.items():
+        rows, span = kernel_breakdown(graph)
+        parts = ", ".join(f"{n[:60]} {t:.1f}" for n, t in rows)
+        print(f"    {name}: span {span:.1f} µs per call; kernels µs per call: {parts}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", default="1,8,64")
@@ -107,6 +137,8 @@ def main():
     parser.add_argument("--max-gb", type=float, default=8.0, help="skip shapes whose K+V exceed this")
     parser.add_argument("--mask", choices=("none", "cache"), default="none")
     parser.add_argument("--used", type=float, default=1.0, help="with --mask cache: the share of the cache in use")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each row, each backend's kernels per call (the profiler's µs) and their span")
     args = parser.parse_args()
     hq, hkv = map(int, args.heads.split(","))
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, mask {args.mask}"
@@ -138,6 +170,8 @@ def main():
                     cells.append(f"{us['default'] / decode:.2f}" if decode and "default" in us else "-")
                     cells.append(str(tfb.explain(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)))
                     print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
+                    if args.profile:
+                        print_breakdown({n: g for n, g in graphs.items() if g is not None})
                     del graphs, q, k, v
                     torch.cuda.empty_cache()
 

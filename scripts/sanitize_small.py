@@ -9,9 +9,10 @@ CTAs run several tiles, reusing their buffers.
 Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
 backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
-The sm80 pass also runs the decode family's grid (split-KV, short queries).
+The sm80 pass also runs the decode family's grid (split-KV, short queries);
+"decode" runs that grid alone, head dim 256 included.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode]
 
 An argument runs that pass alone (racecheck takes minutes per pass).
 """
@@ -109,6 +110,10 @@ def main():
     sm90 = any(f"sm90_fwd_{d}_hdim{e}" in built for d in ("fp16", "bf16") for e in head_dims)
     if sm90 and torch.cuda.get_device_capability() == (9, 0):
         passes.append(())  # the default: sm90 forwards where built
+    if len(sys.argv) > 1 and sys.argv[1] == "decode":  # the decode grid alone
+        decode(head_dims + [256])
+        print(f"sanitize grid ran: decode, head dims {head_dims + [256]}")
+        return
     if len(sys.argv) > 1:
         passes = [p for p in passes if (",".join(p) or "default") == sys.argv[1]]
     for families in passes:

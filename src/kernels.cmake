@@ -2,7 +2,7 @@
 # TFB_<family>_HDIM<d>: the family's instantiation files of head dim d.
 set(TFB_FAMILIES decode sm90 sm80)
 set(TFB_ALL_HEAD_DIMS 32 64 96 128 192 256)
-set(TFB_decode_CUDA_ARCHITECTURES "80-real;80-virtual")
+set(TFB_decode_CUDA_ARCHITECTURES "80-real;90-real;90-virtual")
 set(TFB_decode_DEFINES )
 set(TFB_decode_HDIM32 src/decode/instantiations/fwd_hdim32_fp16_decode.cu src/decode/instantiations/fwd_hdim32_bf16_decode.cu)
 set(TFB_decode_HDIM64 src/decode/instantiations/fwd_hdim64_fp16_decode.cu src/decode/instantiations/fwd_hdim64_bf16_decode.cu)

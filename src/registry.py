@@ -44,8 +44,12 @@ class Family:
 FAMILIES = (
     Family(
         name="decode", passes=("fwd",), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
-        nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
-        cmake_archs="80-real;80-virtual", nvcc_defines=(),
+        # sm_90 code and compute_90 PTX beside sm_80's: every chip from Hopper on runs a
+        # binary that waits on the previous grid (griddepcontrol), so the launch may
+        # overlap it (launch_fwd.h).
+        nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+                   "-gencode=arch=compute_90,code=compute_90"),
+        cmake_archs="80-real;90-real;90-virtual", nvcc_defines=(),
         stride0_ok=True, align_bytes=16, max_rows=256, masks=True,
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),

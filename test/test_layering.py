@@ -104,10 +104,13 @@ def test_committed_instantiations_match_the_generator(tmp_path):
     assert any(f.startswith("sm90" + os.sep) for f in generated)
 
 
-# sm_90a code (wgmma, setmaxnreg) in the sm90 instantiations alone; sm_80
-# machine code plus PTX everywhere else.
-SM90_INSTANTIATIONS = os.path.join("src", "sm90", "instantiations") + os.sep
-ARCHS = {"sm90": {"compute_90a", "sm_90a"}, "sm80": {"compute_80", "sm_80"}}
+# Each family's instantiations compile for the archs its registry entry names
+# (sm_90a alone for sm90; decode adds sm_90 code to sm_80's); every other CUDA
+# source for the base family's (sm80).
+sys.path.insert(0, os.path.join(ROOT, "src"))
+import registry  # noqa: E402
+
+ARCHS = {f.name: set(re.findall(r"\b(?:sm|compute)_\d+a?\b", " ".join(f.nvcc_arch))) for f in registry.FAMILIES}
 
 
 def _archs(command):
@@ -115,7 +118,10 @@ def _archs(command):
 
 
 def _family(path):
-    return "sm90" if path.startswith(SM90_INSTANTIATIONS) else "sm80"
+    parts = path.split(os.sep)
+    if len(parts) >= 4 and parts[0] == "src" and parts[2] == "instantiations" and parts[1] in ARCHS:
+        return parts[1]
+    return "sm80"
 
 
 def _wrong_archs(commands):

@@ -92,6 +92,21 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   }
 }
 
+// Programmatic dependent launch (launch_fwd.h): from sm_90 on, a grid launched
+// with programmatic stream serialisation may start while the previous grid in
+// its stream still runs. It waits here before it reads or writes memory that
+// grid may touch, and lets the next grid start its own launch early.
+__device__ __forceinline__ void wait_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Whether one of the four bytes of w is zero.
 __device__ __forceinline__ bool has_zero_byte(uint32_t w) { return ((w - 0x01010101u) & ~w & 0x80808080u) != 0; }
 
@@ -124,10 +139,6 @@ struct Smem {
   static constexpr int kQElems = kTileRows * kRowElems;
   static constexpr int kWarpElems = kStages * 2 * kTileElems;  // K and V per stage
   static_assert(size_t(kQElems + kWarps * kWarpElems) * 2 == smem_bytes(kE), "the layout is smem_bytes'");
-  // After the main loop the rings hold the merge: row maxima and sums per
-  // warp, and the summed outputs.
-  static_assert(size_t(kWarps) * kTileRows * 2 * 4 + size_t(kTileRows) * kE * 4 <= size_t(kWarps * kWarpElems) * 2,
-                "the merge fits in the rings");
 };
 
 template <class Element, int kE, bool kMasked>
@@ -139,6 +150,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   constexpr int kNBlocks = kE / 8;     // output columns in 8-wide mma tiles
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Element* const q_smem = reinterpret_cast<Element*>(smem_raw);
+  wait_previous_grid();
+  let_next_grid_launch();
 
   const int split = blockIdx.x / rows.tiles(), head_kv = blockIdx.y, batch = blockIdx.z;
   const int row0 = blockIdx.x % rows.tiles() * kTileRows;  // this CTA's first row
@@ -343,17 +356,22 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its ring: the merge reuses it
 
-  // The warps' states merged: each output rescaled to the rows' common max,
-  // then summed in shared memory in a fixed order, so that every run gives
-  // the same bits.
+  // The warps' states merged: each warp leaves its rows' max, sum and output
+  // in shared memory (a slab per warp, rows padded by 8 floats so that the
+  // stores of a warp's lanes fall in different banks), and after one barrier
+  // each output element sums the four slabs rescaled to the rows' common max,
+  // in warp order, so that every run gives the same bits.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
+  constexpr int kSlabRow = kE + 8;
   float* const shared_m = reinterpret_cast<float*>(q_smem + S::kQElems);  // [kWarps][kTileRows]
   float* const shared_l = shared_m + kWarps * kTileRows;
-  float* const sum = shared_l + kWarps * kTileRows;  // [kTileRows][kE]
+  float* const slabs = shared_l + kWarps * kTileRows;  // [kWarps][kTileRows][kSlabRow]
+  static_assert(size_t(kWarps) * kTileRows * (2 + kSlabRow) * 4 <= size_t(kWarps * S::kWarpElems) * 2,
+                "the merge fits in the rings");
   if (lane % 4 == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -361,41 +379,30 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       shared_l[warp * kTileRows + g + 8 * h] = l[h];
     }
   }
-  __syncthreads();
-  for (int w = 0; w < kWarps; ++w) {
-    if (warp == w) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h;
-        float m_all = -INFINITY;
+  for (int h = 0; h < 2; ++h) {
+    if (g + 8 * h <= last_row - row0) {  // rows past the call's are dropped
+      float* const row = slabs + (warp * kTileRows + g + 8 * h) * kSlabRow + pair;
 #pragma unroll
-        for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kTileRows + r]);
-        const float scale = m[h] == -INFINITY ? 0.f : exp2f(m[h] - m_all);
-#pragma unroll
-        for (int n = 0; n < kNBlocks; ++n) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            float& total = sum[r * kE + n * 8 + pair + j];
-            total = w == 0 ? o[n][2 * h + j] * scale : total + o[n][2 * h + j] * scale;
-          }
-        }
-      }
+      for (int n = 0; n < kNBlocks; ++n) *reinterpret_cast<float2*>(row + n * 8) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
     }
-    __syncthreads();
   }
+  __syncthreads();
 
   for (int i = tid; i < (last_row + 1 - row0) * kE; i += kThreads) {
     const int t = i / kE, c = i % kE, r = row0 + t;
-    float m_all = -INFINITY, l_all = 0.f;
+    float m_all = -INFINITY, l_all = 0.f, total = 0.f;
 #pragma unroll
     for (int x = 0; x < kWarps; ++x) m_all = fmaxf(m_all, shared_m[x * kTileRows + t]);
 #pragma unroll
     for (int x = 0; x < kWarps; ++x) {
       const float mx = shared_m[x * kTileRows + t];
-      l_all += mx == -INFINITY ? 0.f : shared_l[x * kTileRows + t] * exp2f(mx - m_all);
+      const float scale = mx == -INFINITY ? 0.f : exp2f(mx - m_all);
+      l_all += mx == -INFINITY ? 0.f : shared_l[x * kTileRows + t] * scale;
+      total += slabs[(x * kTileRows + t) * kSlabRow + c] * scale;
     }
     // l_all is 0 for a row that sees no key of this split, NaN where a score was.
-    const float value = l_all == 0.f ? 0.f : sum[t * kE + c] / l_all;
+    const float value = l_all == 0.f ? 0.f : total / l_all;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
     if (splits.count == 1) {
       Element* o_row = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride +
@@ -424,6 +431,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ con
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  wait_previous_grid();  // the split kernel's partials
+  let_next_grid_launch();
   if (row >= rows) return;
   float lse_max = -INFINITY;
   for (int s = 0; s < splits; ++s) lse_max = fmaxf(lse_max, p.split_kv.lse_partial[s * rows + row]);
