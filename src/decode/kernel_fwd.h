@@ -41,9 +41,18 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared, or zeros when !valid (src is then not read).
+// Through L1 (.ca): the L1 merges a warp's sixteen-byte pieces into whole-line
+// L2 requests, where the L1-bypassing .cg sent 2.6 times as many requests and
+// read half the bytes from L2 twice (ncu: 11.0M against 4.2M requests at
+// B 8, S 16K), 6% of the time at long caches (RESULTS.md v19). The zeros are
+// plain stores: the same lane writes the same chunk of a stage every tile, and
+// a stage is refilled only after its last copies landed.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+  if (valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
