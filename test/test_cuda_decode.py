@@ -165,7 +165,7 @@ def test_enable_serves_decode_steps(routed_short):
     assert max_err(grad, ref_grad) <= 0.05 * ref_grad.abs().max().item()
 
 
-@pytest.mark.parametrize("length", [2, 4])
+@pytest.mark.parametrize("length", [2, 4, 16])
 def test_enable_serves_speculative_blocks_by_default(length):
     """By default enable() sends 2-16 query tokens (speculative decoding blocks)
     to the decode family, causal as SDPA's top-left rule, and keeps one token

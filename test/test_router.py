@@ -189,7 +189,8 @@ def test_short_query_served_by_decode(fake, monkeypatch):
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         assert d.family == "decode" and d.backward_family == "sm80"
         assert tfb.explain(*qkv(hq=16, hkv=2, length=4), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
-        assert "past 32 the decode kernel" in reason(*qkv(hq=16, hkv=2, length=16), enable_gqa=True)
+        assert tfb.explain(*qkv(hq=16, hkv=2, length=16), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
+        assert "past 128 the decode kernel" in reason(*qkv(hq=32, hkv=2, length=16), enable_gqa=True)
         assert reason(*qkv(hq=64, hkv=2, length=16), enable_gqa=True) == (
             "short query with 512 query rows per KV head (group heads x query length); the decode kernel serves "
             "at most 256 and PyTorch's SDPA serves it faster than the tiled forwards")

@@ -26,19 +26,19 @@ MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
-# Measured on an H100 (benchmarks/RESULTS.md, v15), the decode family beats
-# PyTorch's SDPA from two query tokens up (1.3-6x at four) but not on one (0.6-0.96x):
+# Measured on an H100 and an H200 (benchmarks/RESULTS.md, v19), the decode family beats
+# PyTorch's SDPA from two query tokens up (1.8-9x at four) but not on one (0.74-0.97x):
 # enable() leaves single tokens to PyTorch (the default of
 # probe.route_single_tokens), with a boolean mask too (v16: cuDNN reads a fully
 # used cache's mask 5-12% faster). flash_attn and the ops (family="decode" or None) run it.
 ROUTE_SINGLE_TOKENS = False
 # The decode family serves up to its registry max_rows query rows per kv head,
-# a CTA per 16-row tile, each reading the keys again (from L2 at best); past
-# two tiles that costs more than PyTorch's SDPA at batch 8 (RESULTS.md v15),
-# so enable() sends it at most this many.
-ROUTE_MAX_DECODE_ROWS = 32
+# a CTA per 16-row tile, each reading the keys again (from L2 at best); up to
+# eight tiles it beats PyTorch's SDPA at batch 1 to 64 (1.04-4.2x, level at
+# B 64, S 1K; RESULTS.md v19), so enable() sends it at most this many.
+ROUTE_MAX_DECODE_ROWS = 128
 DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
-                        "(benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
+                        "(benchmarks/RESULTS.md v19); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: only the decode family "
                           "(shorter queries) reads a mask so far; PyTorch's SDPA serves it")
@@ -366,8 +366,8 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         fwd_kernels = [k for k in decoders if rows <= k.max_rows]
         if fwd_kernels and rows > ROUTE_MAX_DECODE_ROWS:
             return _fallback(f"short query with {rows} query rows per KV head (group heads x query length): past "
-                             f"{ROUTE_MAX_DECODE_ROWS} the decode kernel reads the keys once per 16 rows and is slower "
-                             f"than PyTorch's SDPA (benchmarks/RESULTS.md v15); PyTorch's SDPA serves it")
+                             f"{ROUTE_MAX_DECODE_ROWS} the decode kernel reads the keys once per 16 rows and is not measured "
+                             f"faster than PyTorch's SDPA (benchmarks/RESULTS.md v19); PyTorch's SDPA serves it")
         if not fwd_kernels:
             if not decoders:
                 return _fallback(DECODE_REASON)
