@@ -14,8 +14,9 @@ args=$1
 shift
 ROUNDS=${ROUNDS:-2}
 BENCH=${BENCH:-bench_sdpa.py}
-# a table row of that bench: bench_sdpa.py's start with the mode, bench_decode.py's with B
-case $BENCH in bench_decode.py) ROW='^| [0-9]' ;; *) ROW='^| fwd' ;; esac
+# a table row of that bench: bench_sdpa.py's start with the mode, bench_decode.py's with B,
+# bench_overhead.py's with the device
+case $BENCH in bench_decode.py) ROW='^| [0-9]' ;; bench_overhead.py) ROW='^| c[up]' ;; *) ROW='^| fwd' ;; esac
 lib=torch_flash_backend/lib/libtorch_flash_backend.so
 saved=$(mktemp -d)
 cp "$lib" "$saved/"

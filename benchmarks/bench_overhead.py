@@ -11,6 +11,9 @@ Rows:
               PyTorch's own SDPA on the same call
   sdpa fallback  a call that falls back (one query token, as a decode step
               passes): PyTorch's SDPA plain and under enable()
+  masked served  a speculative block (L = 4) with a boolean mask over a cache, as a
+              static cache's step passes it: served on CUDA (the decode family)
+  masked fallback  a prefill-like call (L = 64) with a boolean padding mask: falls back
   enter+exit  `with enable(): sdpa(...)` against the same served call inside
               an enable() held around the whole block: the cost of entering
               and leaving enable() around one call
@@ -62,6 +65,12 @@ def rows(device, calls, rounds):
     decode = lambda: F.scaled_dot_product_attention(q1, kc, vc, enable_gqa=True)
     served = tfb.explain(q, k, v, is_causal=True, enable_gqa=True)
     fallback = tfb.explain(q1, kc, vc, enable_gqa=True)
+    q4 = make(8, 4)
+    cache_mask = (torch.arange(256, device=device) < 200).expand(1, 1, 4, 256)
+    padding = torch.ones(1, 1, 64, 64, dtype=torch.bool, device=device)
+    padding[..., 48:] = False
+    masked = lambda: F.scaled_dot_product_attention(q4, kc, vc, attn_mask=cache_mask, enable_gqa=True)
+    masked_long = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=padding, enable_gqa=True)
 
     def under_enable(fn):
         def run():
@@ -73,7 +82,11 @@ def rows(device, calls, rounds):
     out = []
     for name, fn, note in (("op (x + 1)", lambda: x + 1, ""),
                            ("sdpa served", sdpa, str(served)),
-                           ("sdpa fallback", decode, str(fallback))):
+                           ("sdpa fallback", decode, str(fallback)),
+                           ("sdpa masked served", masked, str(tfb.explain(q4, kc, vc, attn_mask=cache_mask,
+                                                                          enable_gqa=True))),
+                           ("sdpa masked fallback", masked_long, str(tfb.explain(q, k, v, attn_mask=padding,
+                                                                                 enable_gqa=True)))):
         # Under enable(): entered once around the whole block, so the row
         # measures the calls alone.
         plain = lambda fn=fn: [fn() for _ in range(calls)]
@@ -87,6 +100,7 @@ def rows(device, calls, rounds):
     out.append((device, "enter+exit around sdpa", a / calls, b / calls,
                 "plain: the served call inside one enable() around the block"))
     return out, {"sdpa served": under_enable(sdpa), "sdpa fallback": under_enable(decode),
+                 "sdpa masked served": under_enable(masked), "sdpa masked fallback": under_enable(masked_long),
                  "enter+exit around sdpa": lambda: [enter_exit() for _ in range(calls)]}
 
 

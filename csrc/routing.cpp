@@ -8,8 +8,9 @@
 //
 // Inside enable(), the decision is the router's (torch_flash_backend/_router.py,
 // reached through the route_sdpa op). A plain eager call whose metadata was
-// decided before takes that decision from a per-thread cache here, without
-// Python: served calls go straight to the fwd op, fallbacks to PyTorch's SDPA.
+// decided before (attn_mask's included) takes that decision from a per-thread
+// cache here, without Python: served calls go straight to the fwd op,
+// fallbacks to PyTorch's SDPA.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -72,11 +73,14 @@ struct TensorKey {
 
 struct Key {
   TensorKey t[3];
+  TensorKey mask;  // attn_mask's first mask_dim sizes and strides; zeros without one
   double dropout_p;
   int32_t dtype;
   int32_t device_type;
   int32_t device_index;
-  int32_t flags;  // is_causal | enable_gqa << 1 | needs_grad << 2
+  int32_t flags;  // is_causal | enable_gqa << 1 | needs_grad << 2 | has mask << 3 | mask requires grad << 4
+  int32_t mask_dtype;
+  int32_t mask_dim;
 
   bool operator==(const Key& other) const { return std::memcmp(this, &other, sizeof(Key)) == 0; }
 };
@@ -118,23 +122,37 @@ thread_local std::optional<Key> pending;
 constexpr int64_t kMaxStats = 4096;
 std::array<std::atomic<int64_t>, kMaxStats> counts{};
 
-// A dense CPU or CUDA tensor of autograd's and the backends' keys only:
-// FakeTensors, functional and batched wrappers (tracing) ask the router.
-bool plain(const at::Tensor& t) {
+// No FakeTensor, functional or batched wrapper (tracing): such calls ask the router.
+bool unwrapped(const at::Tensor& t) {
   static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                             c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
                                             c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Batched});
-  return t.defined() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 &&
-         !t.key_set().has_any(wrapped) && (t.is_cuda() || t.is_cpu());
+  return !t.key_set().has_any(wrapped);
 }
 
-std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
-                          bool is_causal, bool enable_gqa) {
+// A dense 4-D CPU or CUDA tensor of autograd's and the backends' keys only.
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && !t.is_nested() && t.dim() == 4 && unwrapped(t) &&
+         (t.is_cuda() || t.is_cpu());
+}
+
+// attn_mask's part of the key: a dense tensor of at most 4 dims on q's device
+// (the router reads its dtype, sizes, device and whether it requires grad;
+// anything else is decided afresh).
+bool plain_mask(const at::Tensor& m, const at::Tensor& q) {
+  return m.defined() && m.layout() == at::kStrided && !m.is_nested() && m.dim() <= 4 && m.device() == q.device() &&
+         unwrapped(m);
+}
+
+std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                          bool enable_gqa) {
   if (!plain(q) || !plain(k) || !plain(v)) return std::nullopt;
   // Inputs on other devices or of other dtypes are decided afresh (they fall back).
   if (k.device() != q.device() || v.device() != q.device() || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
     return std::nullopt;
+  if (attn_mask.has_value() && !plain_mask(*attn_mask, q)) return std::nullopt;
   Key key;
   std::memset(&key, 0, sizeof(key));  // padding takes part in == and the hash
   const at::Tensor* ts[3] = {&q, &k, &v};
@@ -153,6 +171,16 @@ std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   key.device_type = static_cast<int32_t>(q.device().type());
   key.device_index = q.device().index();
   key.flags = int32_t(is_causal) | int32_t(enable_gqa) << 1 | int32_t(needs_grad) << 2;
+  if (attn_mask.has_value()) {
+    const at::Tensor& m = *attn_mask;
+    for (int64_t d = 0; d < m.dim(); ++d) {
+      key.mask.sizes[d] = m.size(d);
+      key.mask.strides[d] = m.stride(d);
+    }
+    key.mask_dim = static_cast<int32_t>(m.dim());
+    key.mask_dtype = static_cast<int32_t>(m.scalar_type());
+    key.flags |= 1 << 3 | int32_t(m.requires_grad()) << 4;
+  }
   return key;
 }
 
@@ -202,8 +230,9 @@ at::Tensor pytorch_sdpa(const at::Tensor& query, const at::Tensor& key, const at
                                                   enable_gqa);
 }
 
-at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal,
-                 std::optional<double> scale, const Entry& entry, bool needs_grad) {
+at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const std::optional<at::Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+                 const Entry& entry, bool needs_grad) {
   static const auto fwd =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torch_flash_backend::fwd", "")
@@ -211,15 +240,13 @@ at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                                                     std::optional<double>, bool, std::optional<c10::string_view>,
                                                     std::optional<c10::string_view>,
                                                     const std::optional<at::Tensor>&)>();
-  // Masked calls never reach here (the router is asked on each).
-  static const std::optional<at::Tensor> no_mask;
   const std::optional<c10::string_view> family = c10::string_view(entry.family);
   const std::optional<c10::string_view> backward_family =
       entry.backward_family.empty() ? std::nullopt : std::optional<c10::string_view>(entry.backward_family);
-  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, no_mask));
+  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask));
   // Nothing to differentiate: skip the op's autograd formula (a Python kernel).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, no_mask));
+  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask));
 }
 
 // Clears `pending` however the router returns.
@@ -238,9 +265,7 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   }
   const Frame frame = *routing;
   std::optional<Key> cache_key;
-  if (!frame.log_each_call && !attn_mask.has_value()) {
-    cache_key = key_of(query, key, value, dropout_p, is_causal, enable_gqa);
-  }
+  if (!frame.log_each_call) cache_key = key_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa);
   if (cache_key.has_value()) {
     Cache& c = current_cache();
     const auto it = c.entries.find(*cache_key);
@@ -251,7 +276,7 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
       }
       // The fwd op never reaches this switch again, so the entry outlives the call.
-      return serve(query, key, value, is_causal, scale, entry, (cache_key->flags & 4) != 0);
+      return serve(query, key, value, attn_mask, is_causal, scale, entry, (cache_key->flags & 4) != 0);
     }
   }
   // The decision (torch_flash_backend/_enable.py) is a Python kernel of this op;

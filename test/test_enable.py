@@ -439,6 +439,40 @@ def test_boolean_mask_served_forward_and_backward():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+def test_masked_calls_use_the_decision_cache():
+    """attn_mask's metadata is part of the cache key: a mask of the same shape,
+    strides and dtype is decided in C++ (the decision reads no mask value, the
+    kernel reads the new mask's), another shape, a float mask or one that
+    requires grad asks the router; a cached float-mask fallback runs PyTorch's SDPA."""
+    asked = []
+    original = _enable._router.decide
+
+    def counting_decide(*args, **kwargs):
+        asked.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    q, k, v = qkv()
+    mask = _padding_mask()
+    other = mask.clone()
+    other[0, :, :, 30:] = False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_enable._router, "decide", counting_decide)
+        with tfb.enable():
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out_other = F.scaled_dot_product_attention(q, k, v, attn_mask=other)
+            assert len(asked) == 1
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, :, :1])  # (2, 1, 1, 40): broadcast over rows
+            assert len(asked) == 2
+            additive = torch.zeros(40, 40)
+            fallback = [F.scaled_dot_product_attention(q, k, v, attn_mask=additive) for _ in range(2)]
+            assert len(asked) == 3
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask.float().requires_grad_())
+            assert len(asked) == 4
+        for got, m in ((out, mask), (out_other, other), (fallback[1], additive)):
+            torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-5, rtol=1e-5)
+    assert routed() == 3 and fallbacks() == 3
+
+
 @pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])
 def test_export_with_a_mask_argument(strict_export):
     """The mask is a graph input that reaches our op."""

@@ -4,6 +4,7 @@ These checks keep the layering promises (docs/ARCHITECTURE.md) that no other tes
 breaking: the kernels compile without torch, and the op library loads into a
 process that has no Python (a C++ program, an AOTInductor runner).
 """
+import functools
 import glob
 import json
 import os
@@ -107,26 +108,32 @@ def test_committed_instantiations_match_the_generator(tmp_path):
 # Each family's instantiations compile for the archs its registry entry names
 # (sm_90a alone for sm90; decode adds sm_90 code to sm_80's); every other CUDA
 # source for the base family's (sm80).
-sys.path.insert(0, os.path.join(ROOT, "src"))
-import registry  # noqa: E402
-
-ARCHS = {f.name: set(re.findall(r"\b(?:sm|compute)_\d+a?\b", " ".join(f.nvcc_arch))) for f in registry.FAMILIES}
-
-
 def _archs(command):
     return set(re.findall(r"\b(?:sm|compute)_\d+a?\b", command))
 
 
+@functools.cache
+def _registry_archs():
+    """{family: the archs of its nvcc flags}, from src/registry.py (read here, not at
+    import: an installed wheel's tests have no src/)."""
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    try:
+        import registry
+    finally:
+        sys.path.pop(0)
+    return {f.name: _archs(" ".join(f.nvcc_arch)) for f in registry.FAMILIES}
+
+
 def _family(path):
     parts = path.split(os.sep)
-    if len(parts) >= 4 and parts[0] == "src" and parts[2] == "instantiations" and parts[1] in ARCHS:
+    if len(parts) >= 4 and parts[0] == "src" and parts[2] == "instantiations" and parts[1] in _registry_archs():
         return parts[1]
     return "sm80"
 
 
 def _wrong_archs(commands):
     """{file: archs} for the compile lines in `commands` ({file: line}) that target the wrong archs."""
-    return {f: _archs(c) for f, c in commands.items() if _archs(c) != ARCHS[_family(f)]}
+    return {f: _archs(c) for f, c in commands.items() if _archs(c) != _registry_archs()[_family(f)]}
 
 
 def test_setup_py_build_targets_sm90_files_alone_at_sm_90a():
