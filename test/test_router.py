@@ -423,3 +423,32 @@ def test_boolean_masks_served_by_decode(fake, monkeypatch):
         assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]).kernel == "decode_fwd_bf16_hdim64"
+
+
+@pytest.mark.parametrize("b,hq,hkv,length,s,mask_shape", [
+    (2, 8, 2, 1, 100, (2, 1, 1, 100)),     # a cache's mask per batch row, GQA 4
+    (1, 4, 4, 3, 37, (1, 4, 3, 37)),       # per head, S not a whole number of tiles
+    (2, 32, 2, 4, 64, (64,)),              # 64 rows per kv head: four row tiles, one key vector
+    (1, 6, 2, 5, 50, (5, 50)),             # 15 rows: one partial row tile
+])
+def test_mask_tiles_skipped_counts_the_decode_kernels_tiles(b, hq, hkv, length, s, mask_shape):
+    """explain()'s share of hidden key tiles, against a loop over the decode
+    kernel's (row tile, 16-key tile) pairs: rows are a kv head's query rows,
+    position-major with the group's heads within."""
+    torch.manual_seed(0)
+    q, k = torch.empty(b, hq, length, 8), torch.empty(b, hkv, s, 8)
+    mask = torch.rand(mask_shape) > 0.8
+    mask[..., :16] = False  # whole hidden tiles, so that the share is not 0
+    full = mask.expand(b, hq, length, s)
+    group, rows = hq // hkv, length * hq // hkv
+    hidden = total = 0
+    for bi in range(b):
+        for h in range(hkv):
+            for row0 in range(0, rows, 16):
+                for key0 in range(0, s, 16):
+                    seen = any(bool(full[bi, h * group + r % group, r // group, key0:key0 + 16].any())
+                               for r in range(row0, min(row0 + 16, rows)))
+                    hidden += not seen
+                    total += 1
+    assert _router.mask_tiles_skipped(mask, q, k) == pytest.approx(hidden / total)
+    assert hidden > 0

@@ -54,6 +54,9 @@ class Decision:
     kernel: str | None
     reason: str
     backward_kernel: str | None = None
+    # explain() alone, for a masked call the decode family serves: the share of
+    # its key tiles that no row of a CTA sees, which the kernel skips.
+    tiles_skipped: float | None = None
 
     @property
     def family(self) -> str | None:
@@ -66,8 +69,28 @@ class Decision:
 
     def __str__(self) -> str:
         if self.served:
-            return f"served by {self.kernel} ({self.reason})"
+            skipped = "" if self.tiles_skipped is None else f"; the mask hides {self.tiles_skipped:.0%} of its key tiles"
+            return f"served by {self.kernel} ({self.reason}{skipped})"
         return f"falls back to PyTorch SDPA: {self.reason}"
+
+
+def mask_tiles_skipped(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, tile_rows: int = 16,
+                       tile_keys: int = 16) -> float:
+    """The share of the decode kernel's (row tile, key tile) pairs in which the
+    boolean attn_mask hides every pair: its rows are the query rows of one kv
+    head (position-major, the group's heads within), tile_rows at a time; its
+    keys tile_keys at a time from key 0 (src/decode: splits start on whole tiles).
+    Reads the mask's values (a device sync on CUDA)."""
+    b, hq, length, _ = q.shape
+    hkv, s = k.size(1), k.size(2)
+    group = hq // hkv
+    m = attn_mask.expand(b, hq, length, s).reshape(b, hkv, group, length, s).transpose(2, 3)
+    rows = m.reshape(b, hkv, length * group, s)
+    pad_rows, pad_keys = -rows.size(2) % tile_rows, -s % tile_keys
+    rows = torch.nn.functional.pad(rows, (0, pad_keys, 0, pad_rows), value=False)
+    tiles = rows.reshape(b, hkv, rows.size(2) // tile_rows, tile_rows, rows.size(3) // tile_keys, tile_keys)
+    visible = tiles.any(dim=5).any(dim=3)
+    return 1.0 - visible.float().mean().item()
 
 
 def _fallback(reason: str) -> Decision:
