@@ -1,5 +1,6 @@
 """enable(): routing, fallback, strictness, nesting, threads, modules, autograd and
 recompilation, on CPU through the test switch that routes CPU calls."""
+import contextlib
 import logging
 import threading
 
@@ -230,10 +231,9 @@ def test_eager_enable_pushes_no_torch_function_mode():
     assert (torch.is_autocast_enabled("ipu"), torch.get_autocast_dtype("ipu")) == before
 
 
-def test_repeated_calls_use_the_decision_cache():
-    """The second call with the same metadata is decided in C++ (the router is not
-    asked again) and still counted; new metadata, a new grad need, or a settings
-    change (the probe) ask the router."""
+@contextlib.contextmanager
+def counting_router():
+    """The shapes of q the Python router is asked about while the block runs."""
     asked = []
     original = _enable._router.decide
 
@@ -241,9 +241,17 @@ def test_repeated_calls_use_the_decision_cache():
         asked.append(args[0].shape)
         return original(*args, **kwargs)
 
-    q, k, v = qkv()
-    with pytest.MonkeyPatch.context() as mp, tfb.enable():
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_enable._router, "decide", counting_decide)
+        yield asked
+
+
+def test_repeated_calls_use_the_decision_cache():
+    """The second call with the same metadata is decided in C++ (the router is not
+    asked again) and still counted; new metadata, a new grad need, or a settings
+    change (the probe) ask the router."""
+    q, k, v = qkv()
+    with counting_router() as asked, tfb.enable():
         out1 = F.scaled_dot_product_attention(q, k, v)
         out2 = F.scaled_dot_product_attention(q, k, v)
         assert len(asked) == 1 and torch.equal(out1, out2)
@@ -444,19 +452,11 @@ def test_masked_calls_use_the_decision_cache():
     strides and dtype is decided in C++ (the decision reads no mask value, the
     kernel reads the new mask's), another shape, a float mask or one that
     requires grad asks the router; a cached float-mask fallback runs PyTorch's SDPA."""
-    asked = []
-    original = _enable._router.decide
-
-    def counting_decide(*args, **kwargs):
-        asked.append(args[0].shape)
-        return original(*args, **kwargs)
-
     q, k, v = qkv()
     mask = _padding_mask()
     other = mask.clone()
     other[0, :, :, 30:] = False
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_enable._router, "decide", counting_decide)
+    with counting_router() as asked:
         with tfb.enable():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out_other = F.scaled_dot_product_attention(q, k, v, attn_mask=other)
