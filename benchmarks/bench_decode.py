@@ -100,7 +100,8 @@ def time_graphs(graphs, rounds):
 def kernel_breakdown(graph):
     """The graph's kernels under the profiler: (name, µs per call) summed by name, and
     the span from the first kernel's start to the last one's end per call (launch gaps
-    included)."""
+    included). Kernels launched to overlap the previous one (the decode family's on
+    sm_90 and later) count their wait for it too; compare spans there."""
     from torch.profiler import ProfilerActivity, profile
 
     graph.replay()
