@@ -6,8 +6,10 @@
 # (default: all), e.g.
 #   STEPS=tests,bench bash scripts/gpu_check.sh
 # Steps outside the default: decode (benchmarks/bench_decode.py with $DECODE_ARGS,
-# run once per ';'-separated argument list) and model (benchmarks/bench_model.py
-# with $MODEL_ARGS).
+# run once per ';'-separated argument list), masks (benchmarks/bench_masks.py
+# with $MASK_ARGS) and model (benchmarks/bench_model.py with $MODEL_ARGS).
+# SANITIZE_GRID names a grid of scripts/sanitize_small.py (sm80, default,
+# decode, masks) for the sanitize step (default: the sm80 and default passes).
 # A build made on another machine against the same torch can be carried in
 # torch_flash_backend/lib/; without one, the script builds here (needs the
 # nvidia-cutlass wheel: pip-installed, or as a file under .whl/, as are
@@ -61,8 +63,11 @@ fi
 if has sanitize; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py >"$OUT/sanitize_$tool.log" 2>&1 \
-      && tail -3 "$OUT/sanitize_$tool.log" || { status=1; tail -30 "$OUT/sanitize_$tool.log"; }
+    # shellcheck disable=SC2086
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py ${SANITIZE_GRID:-} \
+      >"$OUT/sanitize_$tool${SANITIZE_GRID:+_$SANITIZE_GRID}.log" 2>&1 \
+      && tail -3 "$OUT/sanitize_$tool${SANITIZE_GRID:+_$SANITIZE_GRID}.log" \
+      || { status=1; tail -30 "$OUT/sanitize_$tool${SANITIZE_GRID:+_$SANITIZE_GRID}.log"; }
   done
 fi
 if has main; then
@@ -80,6 +85,11 @@ if has decode; then
     # shellcheck disable=SC2086
     python3 benchmarks/bench_decode.py $args 2>&1 | tee -a "$OUT/bench_decode.md" || status=1
   done
+fi
+if has masks; then
+  step "mask benchmark"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_masks.py ${MASK_ARGS:-} 2>&1 | tee "$OUT/bench_masks.md" || status=1
 fi
 if has model; then
   step "model benchmark"

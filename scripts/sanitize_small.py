@@ -10,9 +10,10 @@ Then the edge cases of test/test_cuda_trust.py: a zero scale, the deterministic
 backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
 The sm80 pass also runs the decode family's grid (split-KV, short queries);
-"decode" runs that grid alone, head dim 256 included.
+"decode" runs that grid alone, head dim 256 included; "masks" the tiled
+families' boolean masks, forward and backward.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks]
 
 An argument runs that pass alone (racecheck takes minutes per pass).
 """
@@ -102,6 +103,35 @@ def decode(head_dims):
     torch.cuda.synchronize()
 
 
+def masks(head_dims):
+    """The tiled families' boolean masks, forward and backward (sm80): random per
+    head with rows that see nothing, a padding mask (B, 1, 1, S), a causal band,
+    whole hidden tiles, keys strided, odd lengths, GQA, the deterministic backward."""
+    torch.manual_seed(0)
+    for e in head_dims + [32, 256]:
+        for (b, hq, hkv, length, s) in ((2, 4, 2, 17, 300), (1, 4, 4, 130, 67), (1, 2, 1, 300, 1000)):
+            q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            k = torch.randn(b, hkv, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
+            v = torch.randn(b, hkv, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
+            keys, rows = torch.arange(s, device="cuda"), torch.arange(length, device="cuda")[:, None]
+            random = torch.rand(b, hq, length, s, device="cuda") > 0.5
+            random[:, :, length // 2] = False
+            blocks = (torch.rand(b, 1, length // 64 + 1, s // 64 + 1, device="cuda") > 0.5)
+            masks = [random,
+                     (keys[None] < torch.tensor([s, max(1, s // 3)][:b], device="cuda")[:, None])[:, None, None],
+                     ((keys <= rows) & (keys > rows - 40))[None, None],
+                     blocks.repeat_interleave(64, 2).repeat_interleave(64, 3)[..., :length, :s],
+                     (torch.rand(b, hq, s, length, device="cuda") > 0.5).transpose(-1, -2)]
+            for i, mask in enumerate(masks):
+                out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+                torch.use_deterministic_algorithms(i == 3)
+                try:
+                    ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+                finally:
+                    torch.use_deterministic_algorithms(False)
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -113,6 +143,10 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "decode":  # the decode grid alone
         decode(head_dims + [256])
         print(f"sanitize grid ran: decode, head dims {head_dims + [256]}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "masks":  # the masked grid alone
+        masks(head_dims)
+        print(f"sanitize grid ran: masks, head dims {head_dims + [32, 256]}")
         return
     if len(sys.argv) > 1:
         passes = [p for p in passes if (",".join(p) or "default") == sys.argv[1]]

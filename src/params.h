@@ -41,7 +41,12 @@ struct MaskArgs {
   int window_right = -1;      // -1: no right edge (is_causal sets 0)
   const uint8_t* values = nullptr;  // nonzero = visible; (B, H, L, S) with the strides below, 0 to broadcast
   int64_t values_batch_stride = 0, values_head_stride = 0, values_row_stride = 0, values_col_stride = 0;
-  const uint8_t* tile_kinds = nullptr;  // common/mask.h TileKind per (query tile, key tile), from a pre-pass
+  // common/mask.h TileKind per (query tile, key tile) of one tile shape, from
+  // the pre-pass (common/mask_summary.h) the launcher runs: a (m_blocks,
+  // tile_kinds_n_blocks) plane per (batch, head), strides 0 where the mask broadcasts.
+  const uint8_t* tile_kinds = nullptr;
+  int64_t tile_kinds_batch_stride = 0, tile_kinds_head_stride = 0;
+  int tile_kinds_n_blocks = 0;
 };
 
 // Split-KV (decode): partial outputs and logsumexps per split, merged after.

@@ -30,7 +30,8 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
-    # Its passes read a boolean attn_mask (broadcast with stride 0 where it is).
+    # Its passes read a boolean attn_mask (broadcast with stride 0 where it is),
+    # skipping the tiles it hides (src/common/mask_summary.h).
     masks: bool = False
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -69,8 +70,8 @@ FAMILIES = (
         # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual", nvcc_defines=(),
-        stride0_ok=True, align_bytes=16,
-        doc="mma.sync and cp.async; every chip since Ampere; forward and backward",
+        stride0_ok=True, align_bytes=16, masks=True,
+        doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )
 

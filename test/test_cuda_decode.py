@@ -360,5 +360,5 @@ def test_explain_states_the_share_of_key_tiles_a_mask_hides():
     mask = (torch.arange(1024, device="cuda") < 300).expand(2, 1, 4, 1024)
     d = tfb.explain(q, k, v, attn_mask=mask, enable_gqa=True)
     assert d.kernel == "decode_fwd_bf16_hdim128", str(d)
-    assert d.tiles_skipped == pytest.approx(1 - 19 / 64) and "hides 70% of its key tiles" in str(d), str(d)
+    assert d.tiles_skipped == pytest.approx(1 - 19 / 64) and "hides 70% of its tiles" in str(d), str(d)
     assert tfb.explain(q, k, v, enable_gqa=True).tiles_skipped is None

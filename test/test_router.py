@@ -116,9 +116,12 @@ def test_head_dim_not_built(fake):
 
 
 def test_attn_mask(fake):
+    """sm80 reads a boolean mask; an additive one falls back."""
     q, k, v = qkv()
     mask = torch.empty(64, 64, dtype=torch.bool, device="cuda")
-    assert "attn_mask" in reason(q, k, v, attn_mask=mask)
+    d = tfb.explain(q, k, v, attn_mask=mask)
+    assert d.kernel == "sm80_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
+    assert "attn_mask" in reason(q, k, v, attn_mask=mask.to(torch.bfloat16))
 
 
 def test_dropout(fake):
@@ -404,23 +407,31 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
     assert not tfb.explain(q, k, v).served  # route_cpu left: the probe moved on
 
 
-def test_boolean_masks_served_by_decode(fake, monkeypatch):
-    """A boolean mask on a short query goes to the decode family, the only one
-    whose registry entry reads masks; grad (no backward reads one), a long query,
-    a float mask and a mask with is_causal fall back, each with its reason. flash_attn's
-    pinned choice follows the same rules."""
-    with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
+def test_boolean_masks_served(fake, monkeypatch):
+    """A boolean mask on a short query goes to the decode family, on a longer
+    one to sm80 (sm90 reads no mask yet), and grad to sm80's backward; a float
+    mask and a mask with is_causal fall back, each with its reason, as does a
+    call whose allowed families read no mask. flash_attn's pinned choice
+    follows the same rules."""
+    with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90):
         mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask)
         assert d.kernel == "decode_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
         assert _router.pinned_families(*qkv(length=4, s=1000), masked=True) == ("decode", None)
+        d = tfb.explain(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask)
+        assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+        d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
+        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+        assert tfb.explain(*qkv(length=17, s=1000)).kernel == "sm90_fwd_bf16_hdim64"
+        assert "only boolean masks" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
+        assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
+        assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
+        monkeypatch.setenv(_router.FAMILIES_ENV, "decode,sm90")
         assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask) == _router.MASK_GRAD_REASON
         with pytest.raises(RuntimeError, match="require grad"):
             _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), masked=True)
         assert reason(*qkv(length=17, s=1000), attn_mask=mask[:, :, :1]) == _router.MASK_LONG_QUERY_REASON
-        assert "only boolean masks" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
-        assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
-        assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
+        monkeypatch.delenv(_router.FAMILIES_ENV)
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]).kernel == "decode_fwd_bf16_hdim64"
 
@@ -450,5 +461,25 @@ def test_mask_tiles_skipped_counts_the_decode_kernels_tiles(b, hq, hkv, length, 
                                for r in range(row0, min(row0 + 16, rows)))
                     hidden += not seen
                     total += 1
-    assert _router.mask_tiles_skipped(mask, q, k) == pytest.approx(hidden / total)
+    assert _router.mask_tiles_skipped(mask, q, k, 16, 16, group_packed=True) == pytest.approx(hidden / total)
     assert hidden > 0
+
+
+def test_mask_tiles_skipped_counts_a_tiled_kernels_tiles():
+    """For a tiled family the rows of a tile are one query head's."""
+    torch.manual_seed(1)
+    b, hq, hkv, length, s, tm, tn = 2, 4, 2, 200, 150, 128, 64
+    q, k = torch.empty(b, hq, length, 8), torch.empty(b, hkv, s, 8)
+    mask = torch.zeros(b, 1, length, s, dtype=torch.bool)
+    mask[0, :, 5, 70] = mask[0, :, 150, 140] = True  # one visible pair in two tiles
+    mask[1, :, :, :64] = True
+    full = mask.expand(b, hq, length, s)
+    hidden = total = 0
+    for bi in range(b):
+        for h in range(hq):
+            for row0 in range(0, length, tm):
+                for key0 in range(0, s, tn):
+                    hidden += not bool(full[bi, h, row0:row0 + tm, key0:key0 + tn].any())
+                    total += 1
+    assert 0 < hidden < total
+    assert _router.mask_tiles_skipped(mask, q, k, tm, tn, group_packed=False) == pytest.approx(hidden / total)

@@ -300,12 +300,12 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     """Whether enable() would serve this SDPA call, by which kernel, or why not.
 
     The result prints as "served by <kernel> (...)" or "falls back to PyTorch
-    SDPA: <reason>", and has .served, .kernel and .reason. For a masked call the
-    decode family serves, .tiles_skipped is the share of its key tiles the mask
+    SDPA: <reason>", and has .served, .kernel and .reason. For a served masked
+    call, .tiles_skipped is the share of the forward kernel's tiles the mask
     hides entirely (which the kernel skips); it reads the mask (a device sync).
     """
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if (decision.served and attn_mask is not None and decision.family == "decode"
+    if (decision.served and attn_mask is not None and q.device.type == "cuda"
             and type(attn_mask) is torch.Tensor and attn_mask.dtype == torch.bool):
-        decision = dataclasses.replace(decision, tiles_skipped=_router.mask_tiles_skipped(attn_mask, q, k))
+        decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))
     return decision

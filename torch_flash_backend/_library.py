@@ -32,7 +32,9 @@ class Kernel(str):
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
-    no limit), masks (the family's passes read a boolean attn_mask), smem_bytes."""
+    no limit), masks (the family's passes read a boolean attn_mask), smem_bytes,
+    tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
+    0 where it reads no mask)."""
 
     family: str
     pass_: str
@@ -45,6 +47,8 @@ class Kernel(str):
     max_rows: int
     masks: bool
     smem_bytes: int
+    tile_rows: int
+    tile_keys: int
 
     @classmethod
     def parse(cls, line: str) -> "Kernel":
@@ -55,6 +59,7 @@ class Kernel(str):
         for key in ("head_dim", "min_cc", "max_cc", "align_bytes", "smem_bytes"):
             setattr(kernel, key, int(values[key]))
         kernel.max_rows = int(values.get("max_rows", 0))
+        kernel.tile_rows, kernel.tile_keys = int(values.get("tile_rows", 0)), int(values.get("tile_keys", 0))
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
         kernel.masks = values.get("masks") in ("1", "true")
         return kernel

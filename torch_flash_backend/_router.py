@@ -40,9 +40,9 @@ ROUTE_MAX_DECODE_ROWS = 128
 DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
                         "(benchmarks/RESULTS.md v19); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: only the decode family "
-                          "(shorter queries) reads a mask so far; PyTorch's SDPA serves it")
-MASK_GRAD_REASON = "attn_mask and inputs that require grad: no CUDA backward kernel reads a mask yet"
+MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
+                          "allowed here reads a mask; PyTorch's SDPA serves it")
+MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads a mask"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +54,8 @@ class Decision:
     kernel: str | None
     reason: str
     backward_kernel: str | None = None
-    # explain() alone, for a masked call the decode family serves: the share of
-    # its key tiles that no row of a CTA sees, which the kernel skips.
+    # explain() alone, for a served masked call: the share of its forward
+    # kernel's tiles that the mask hides entirely, which the kernel skips.
     tiles_skipped: float | None = None
 
     @property
@@ -69,28 +69,40 @@ class Decision:
 
     def __str__(self) -> str:
         if self.served:
-            skipped = "" if self.tiles_skipped is None else f"; the mask hides {self.tiles_skipped:.0%} of its key tiles"
+            skipped = "" if self.tiles_skipped is None else f"; the mask hides {self.tiles_skipped:.0%} of its tiles"
             return f"served by {self.kernel} ({self.reason}{skipped})"
         return f"falls back to PyTorch SDPA: {self.reason}"
 
 
-def mask_tiles_skipped(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, tile_rows: int = 16,
-                       tile_keys: int = 16) -> float:
-    """The share of the decode kernel's (row tile, key tile) pairs in which the
-    boolean attn_mask hides every pair: its rows are the query rows of one kv
-    head (position-major, the group's heads within), tile_rows at a time; its
-    keys tile_keys at a time from key 0 (src/decode: splits start on whole tiles).
-    Reads the mask's values (a device sync on CUDA)."""
+def mask_tiles_skipped(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, tile_rows: int, tile_keys: int,
+                       group_packed: bool) -> float:
+    """The share of a kernel's (row tile, key tile) pairs in which the boolean
+    attn_mask hides every pair, which the kernel skips. Its rows are one query
+    head's, tile_rows at a time; with group_packed (the decode family), the query
+    rows of one kv head instead (position-major, the group's heads within). Keys
+    tile_keys at a time from key 0. Reads the mask's values (a device sync on CUDA)."""
     b, hq, length, _ = q.shape
     hkv, s = k.size(1), k.size(2)
-    group = hq // hkv
-    m = attn_mask.expand(b, hq, length, s).reshape(b, hkv, group, length, s).transpose(2, 3)
-    rows = m.reshape(b, hkv, length * group, s)
-    pad_rows, pad_keys = -rows.size(2) % tile_rows, -s % tile_keys
-    rows = torch.nn.functional.pad(rows, (0, pad_keys, 0, pad_rows), value=False)
-    tiles = rows.reshape(b, hkv, rows.size(2) // tile_rows, tile_rows, rows.size(3) // tile_keys, tile_keys)
+    m = attn_mask.expand(b, hq, length, s)
+    if group_packed:
+        group = hq // hkv
+        m = m.reshape(b, hkv, group, length, s).transpose(2, 3).reshape(b, hkv, length * group, s)
+    pad_rows, pad_keys = -m.size(2) % tile_rows, -s % tile_keys
+    rows = torch.nn.functional.pad(m, (0, pad_keys, 0, pad_rows), value=False)
+    tiles = rows.reshape(rows.size(0), rows.size(1), rows.size(2) // tile_rows, tile_rows, rows.size(3) // tile_keys,
+                         tile_keys)
     visible = tiles.any(dim=5).any(dim=3)
     return 1.0 - visible.float().mean().item()
+
+
+def tiles_skipped(decision: "Decision", attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> float | None:
+    """For a served masked call, the share of its forward kernel's tiles the mask
+    hides (mask_tiles_skipped at the kernel's tile, from its record); None where
+    the record names no tile (the family reads no mask, or its tile varies)."""
+    kernel = next((x for x in probe.kernels() if str(x) == decision.kernel), None)
+    if kernel is None or not kernel.tile_rows or not kernel.tile_keys:
+        return None
+    return mask_tiles_skipped(attn_mask, q, k, kernel.tile_rows, kernel.tile_keys, group_packed=bool(kernel.max_rows))
 
 
 def _fallback(reason: str) -> Decision:

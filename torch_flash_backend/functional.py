@@ -17,10 +17,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     the other: causal masking is top-left aligned, ``scale=None`` means
     1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
     ``enable_gqa=True``; a boolean ``attn_mask`` (True = take part) broadcasts
-    to (B, Hq, L, S). No routing: what the kernels do not support (``dropout_p
-    > 0``, additive masks; on CUDA a mask with a query of 17 or more tokens, or
-    with inputs that require grad) raises, naming the argument, instead of
-    falling back. The kernels are the registry's first that run the call,
+    to (B, Hq, L, S) and is read in place, the tiles it hides skipped. No
+    routing: what the kernels do not support (``dropout_p > 0``, additive
+    masks) raises, naming the argument, instead of falling back. The kernels are the registry's first that run the call,
     within the families ``TFB_KERNEL_FAMILIES`` allows.
     """
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:

@@ -44,13 +44,13 @@ const Table& table() {
   static const Table t = [] {
     Table t;
     auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
-                  auto run, size_t (*smem_bytes)(DType, int)) {
+                  auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back({family, pass, l.min_cc, l.max_cc, l.masks, has, can_run, workspace_bytes, run, smem_bytes});
+      list.push_back({family, pass, l.min_cc, l.max_cc, l.masks, has, can_run, workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
-      &family::pass##_workspace_bytes, &family::run_##pass, &family::smem_bytes_##pass);
+      &family::pass##_workspace_bytes, &family::run_##pass, &family::smem_bytes_##pass, &family::tile_##pass);
     TFB_KERNEL_PASSES(TFB_ADD_PASS)
 #undef TFB_ADD_PASS
     return t;
@@ -140,7 +140,9 @@ std::vector<std::string> kernel_records() {
           if (!k.has(dtype, head_dim)) continue;
           lines.push_back(k.name(dtype, head_dim) + " family=" + k.family + " pass=" + k.pass +
                           " dtype=" + dtype_name(dtype) + " head_dim=" + std::to_string(head_dim) + " " +
-                          limits_of(k.family).text + " smem_bytes=" + std::to_string(k.smem_bytes(dtype, head_dim)));
+                          limits_of(k.family).text + " smem_bytes=" + std::to_string(k.smem_bytes(dtype, head_dim)) +
+                          " tile_rows=" + std::to_string(k.tile(dtype, head_dim).rows) +
+                          " tile_keys=" + std::to_string(k.tile(dtype, head_dim).keys));
         }
       }
     }

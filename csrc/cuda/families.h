@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "device.h"
+#include "kernel_info.h"
 #include "params.h"
 
 namespace tfb {
@@ -29,6 +30,7 @@ struct PassKernels {
   size_t (*workspace_bytes)(const Params&);
   cudaError_t (*run)(const Params&, DType, cudaStream_t);
   size_t (*smem_bytes)(DType, int);  // src/kernel_info.h: what built_kernels() reports
+  TileShape (*tile)(DType, int);     // likewise
 
   bool runs_on(const DeviceInfo& info) const {
     const int cc = info.major * 10 + info.minor;
@@ -50,7 +52,8 @@ const BwdKernels& backward_kernels(const std::optional<std::string_view>& family
                                    DType dtype, const AttnBwdParams& p);
 
 // built_kernels()'s records, one per compiled instantiation:
-// "<name> family=… pass=… dtype=… head_dim=… min_cc=… max_cc=… stride0_ok=… align_bytes=… smem_bytes=…".
+// "<name> family=… pass=… dtype=… head_dim=… min_cc=… max_cc=… stride0_ok=… align_bytes=… smem_bytes=…
+// tile_rows=… tile_keys=…".
 std::vector<std::string> kernel_records();
 
 }  // namespace tfb

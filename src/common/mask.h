@@ -104,9 +104,10 @@ TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right,
 }
 
 // A mask read from memory, for masks no band describes (padding, block-sparse):
-// a per-tile summary, made by a pre-pass for one tile shape, says which tiles
-// are all visible, all hidden or mixed; mixed tiles read the element predicate
-// from a byte per (row, key), broadcast with stride 0 where the mask is.
+// a per-tile summary, made by a pre-pass for one tile shape
+// (mask_summary.h), says which tiles are all visible, all hidden or mixed;
+// mixed tiles read the element predicate from a byte per (row, key),
+// broadcast with stride 0 where the mask is. Rows past len_q are never read.
 enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2 };
 
 struct FromMemory {
@@ -186,6 +187,15 @@ struct TileWalk {
   }
 
   TFB_HOST_DEVICE bool visible(int i, int j) const { return policy.visible(i, j); }
+
+  // The last key tile at or below n_block that query tile m_block visits (-1:
+  // none): a mask in memory skips the tiles it hides; a band's range is whole.
+  TFB_HOST_DEVICE int visited_at_or_below(int m_block, int n_block) const {
+    if constexpr (kReadsMemory<Policy>) {
+      while (n_block >= 0 && policy.kind(m_block, n_block) == TileKind::kHidden) --n_block;
+    }
+    return n_block;
+  }
 };
 
 }  // namespace mask

@@ -57,5 +57,21 @@ CUTE_DEVICE void apply_by_row_limit(Policy const& band, Acc& acc, Coord const& c
   }
 }
 
+// A mask in memory: each score of the tile reads its byte. Rows past len_q
+// and keys past len_k are hidden without a read.
+template <class Acc, class Coord>
+CUTE_DEVICE void apply(FromMemory const& m, Acc& acc, Coord const& coord, int m0, int n0) {
+  static_assert(decltype(cute::size(acc))::value == decltype(cute::size(coord))::value);
+  const int row_limit = m.len_q - m0, col_limit = m.len_k - n0;
+  const uint8_t* tile = m.values + m0 * m.row_stride + n0 * m.col_stride;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    const int row = cute::get<0>(coord(i));
+    const int col = cute::get<1>(coord(i));
+    const bool keep = row < row_limit && col < col_limit && tile[row * m.row_stride + col * m.col_stride] != 0;
+    acc(i) = keep ? acc(i) : -INFINITY;
+  }
+}
+
 }  // namespace mask
 }  // namespace tfb

@@ -1,5 +1,8 @@
 // The sm80 family's entry points: every head dim, forward and backward.
+#include <algorithm>
+
 #include "api.h"
+#include "common/mask_summary.h"
 #include "dispatch.h"
 #include "kernel_info.h"
 #include "sm80/kernel_traits_bwd.h"
@@ -41,6 +44,25 @@ size_t smem_bytes_bwd(DType dtype, int head_dim) {
   return bytes;
 }
 
+TileShape tile_fwd(DType dtype, int head_dim) {
+  TileShape tile;
+  visit_fwd(dtype, head_dim, [&](auto element, auto d) {
+    using Traits = typename FwdConfig<decltype(element), decltype(d)::value>::Traits;
+    tile = {Traits::kBlockM, Traits::kBlockN};
+  });
+  return tile;
+}
+
+// The configuration for parts with 227 KB a block (H100, H200).
+TileShape tile_bwd(DType dtype, int head_dim) {
+  TileShape tile;
+  visit_bwd(dtype, head_dim, [&](auto element, auto d) {
+    using Traits = typename bwd::BwdConfig<decltype(element), decltype(d)::value>::Traits;
+    tile = {Traits::kBlockM, Traits::kBlockN};
+  });
+  return tile;
+}
+
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
   return launch_instantiation<TFB_SM80_FWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {
     return launch_fwd<decltype(element), decltype(head_dim)::value>(params, stream);
@@ -50,8 +72,32 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
 bool can_run_fwd(const AttnFwdParams&) { return true; }
 bool can_run_bwd(const AttnBwdParams&) { return true; }
 
-size_t fwd_workspace_bytes(const AttnFwdParams&) { return 0; }
-size_t bwd_workspace_bytes(const AttnBwdParams& params) { return bwd_workspace_bytes_impl(params); }
+// attn_mask's tile summary (common/mask_summary.h) for the pass's tiles; the
+// backward's follows its accumulators.
+size_t fwd_workspace_bytes(const AttnFwdParams& params) {
+  size_t bytes = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    visit_fwd(dtype, params.head_dim, [&](auto element, auto d) {
+      using Traits = typename FwdConfig<decltype(element), decltype(d)::value>::Traits;
+      bytes = std::max(bytes, mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN));
+    });
+  }
+  return bytes;
+}
+
+size_t bwd_workspace_bytes(const AttnBwdParams& params) {
+  size_t bytes = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    visit_bwd(dtype, params.head_dim, [&](auto element, auto d) {
+      using Config = bwd::BwdConfig<decltype(element), decltype(d)::value>;
+      for (size_t b : {mask::summary_bytes(params, Config::Traits::kBlockM, Config::Traits::kBlockN),
+                       mask::summary_bytes(params, Config::SmallSmem::kBlockM, Config::SmallSmem::kBlockN)}) {
+        bytes = std::max(bytes, b);
+      }
+    });
+  }
+  return bwd_workspace_bytes_impl(params) + bytes;
+}
 
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream) {
   return launch_instantiation<TFB_SM80_BWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {

@@ -13,7 +13,8 @@
 
 namespace tfb::sm80::bwd {
 
-template <class Traits>
+// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
   using Element = typename Traits::Element;
   extern __shared__ __align__(128) char smem_raw[];
@@ -25,7 +26,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
   // Default: gridDim.x = key blocks and one shared accumulator. Deterministic:
   // gridDim.x = ws.splits, and this CTA alone adds into split blockIdx.x.
   float* dq_accum = ws.dq_accum + (ws.splits > 1 ? blockIdx.x * ws.split_elems : 0);
-  const typename BwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.seqlen_q(batch), p.seqlen_k(batch))};
+  // Head 0's: the walk over key blocks is the same for every head.
+  const typename BwdMainloop<Traits, Policy>::Mask mask{
+      mask::policy_of<Policy>(p, batch, 0, p.seqlen_q(batch), p.seqlen_k(batch))};
   const int n_blocks = mask.num_n_blocks();
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
   Tensor acc_dk = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
@@ -34,7 +37,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
     const BwdBlock blk(p, mask, n_block, head_kv, batch);
     clear(acc_dk);
     clear(acc_dv);
-    BwdMainloop<Traits>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);
+    BwdMainloop<Traits, Policy>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);
     BwdEpilogue<Traits>{smem, tid}.store(p, blk, acc_dk, acc_dv);
     __syncthreads();  // the epilogue's reads of shared memory end before the next block's loads
   }

@@ -4,6 +4,7 @@
 #include "params.h"
 #include "sm80/epilogue_fwd.h"
 #include "common/grid.h"
+#include "common/mask_summary.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/mainloop_fwd.h"
 
@@ -13,14 +14,15 @@ namespace sm80 {
 // One query tile, start to end: mainloop, softmax's finalize, epilogue.
 // Returns false, without storing anything, when kExact is false and a row
 // needed the exact softmax (common/softmax.h); every thread returns the same.
-template <class Traits, bool kExact>
-CUTE_DEVICE bool fwd_tile(AttnFwdParams const& p, char* smem, typename FwdMainloop<Traits>::Mask const& mask,
+template <class Traits, class Policy, bool kExact>
+CUTE_DEVICE bool fwd_tile(AttnFwdParams const& p, char* smem, typename FwdMainloop<Traits, Policy>::Mask const& mask,
                           int m_block, int head, int batch) {
   typename Traits::TiledMma mma;
   Tensor acc_o = partition_fragment_C(mma, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
   clear(acc_o);
   OnlineSoftmax<Traits::kRowsPerThread> softmax;
-  const bool inexact = FwdMainloop<Traits>::template run<kExact>(p, smem, mask, m_block, head, batch, acc_o, softmax);
+  const bool inexact =
+      FwdMainloop<Traits, Policy>::template run<kExact>(p, smem, mask, m_block, head, batch, acc_o, softmax);
   if constexpr (!kExact) {
     if (__syncthreads_or(inexact)) return false;
   }
@@ -35,25 +37,28 @@ CUTE_DEVICE bool fwd_tile(AttnFwdParams const& p, char* smem, typename FwdMainlo
 // It takes scalars alone and builds its own mask: with the mask passed by
 // reference the kernel kept a 136-byte stack frame, and the fast pass ran
 // 2-4% slower (measured).
-template <class Traits>
+template <class Traits, class Policy>
 __noinline__ __device__ void fwd_tile_exact(AttnFwdParams const& p, char* smem, int m_block, int head, int batch) {
-  const typename FwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.seqlen_q(batch), p.seqlen_k(batch))};
-  fwd_tile<Traits, true>(p, smem, mask, m_block, head, batch);
+  const typename FwdMainloop<Traits, Policy>::Mask mask{
+      mask::policy_of<Policy>(p, batch, head, p.seqlen_q(batch), p.seqlen_k(batch))};
+  fwd_tile<Traits, Policy, true>(p, smem, mask, m_block, head, batch);
 }
 
-template <class Traits>
+// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__ const AttnFwdParams p) {
   extern __shared__ __align__(128) char smem[];
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
-  const typename FwdMainloop<Traits>::Mask mask{mask::causal_if(p.is_causal, p.seqlen_q(batch), p.seqlen_k(batch))};
+  const typename FwdMainloop<Traits, Policy>::Mask mask{
+      mask::policy_of<Policy>(p, batch, head, p.seqlen_q(batch), p.seqlen_k(batch))};
   // Causal tiles further down see more keys; launching them first shortens the tail.
   const int m_block = p.is_causal ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
   // The fast pass leaves rows whose scores reach 2^10 in exp2 units inexact;
   // if any did, the CTA starts over with the exact softmax. Such scores need
   // inputs near 1e5, so the second pass is there for correctness alone.
-  if (!fwd_tile<Traits, false>(p, smem, mask, m_block, head, batch)) {
-    fwd_tile_exact<Traits>(p, smem, m_block, head, batch);
+  if (!fwd_tile<Traits, Policy, false>(p, smem, mask, m_block, head, batch)) {
+    fwd_tile_exact<Traits, Policy>(p, smem, m_block, head, batch);
   }
 }
 

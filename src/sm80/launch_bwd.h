@@ -7,6 +7,7 @@
 
 #include "sm80/convert_bwd.h"
 #include "common/grid.h"
+#include "common/mask_summary.h"
 #include "sm80/kernel_bwd.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/launch.h"
@@ -16,9 +17,9 @@
 namespace tfb::sm80 {
 namespace bwd {
 
-template <class Traits>
-cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cudaStream_t stream) {
-  auto kernel = bwd_dkdv_kernel<Traits>;
+template <class Traits, class Policy>
+cudaError_t launch_main_with(const AttnBwdParams& params, const BwdWorkspace& ws, cudaStream_t stream) {
+  auto kernel = bwd_dkdv_kernel<Traits, Policy>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned n_blocks = (params.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
@@ -29,6 +30,19 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_convert_dq<Traits>(params, ws, stream);
+}
+
+// attn_mask: the pre-pass summarises it for these tiles into the workspace
+// past the accumulators (bwd_workspace_bytes), then the masked kernel runs.
+template <class Traits>
+cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cudaStream_t stream) {
+  if (params.mask.values == nullptr) return launch_main_with<Traits, mask::CausalOrNone>(params, ws, stream);
+  if (params.is_causal) return cudaErrorInvalidValue;
+  AttnBwdParams masked = params;
+  uint8_t* kinds = static_cast<uint8_t*>(params.workspace) + bwd_workspace_size(params);
+  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, kinds, stream);
+  if (err != cudaSuccess) return err;
+  return launch_main_with<Traits, mask::FromMemory>(masked, ws, stream);
 }
 
 }  // namespace bwd

@@ -6,6 +6,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/grid.h"
+#include "common/mask_summary.h"
 #include "sm80/kernel_fwd.h"
 #include "sm80/kernel_traits_fwd.h"
 #include "sm80/launch.h"
@@ -13,14 +14,9 @@
 namespace tfb {
 namespace sm80 {
 
-template <class Traits>
-cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
-  if (params.head_dim != Traits::kHeadDim || params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
-      params.len_q <= 0 || params.len_k <= 0 || params.batch <= 0 ||
-      !HeadBatchGrid::fits(params.heads_q, params.batch)) {
-    return cudaErrorInvalidValue;
-  }
-  auto kernel = &fwd_kernel<Traits>;
+template <class Traits, class Policy>
+cudaError_t launch_kernel(const AttnFwdParams& params, cudaStream_t stream) {
+  auto kernel = &fwd_kernel<Traits, Policy>;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
@@ -29,6 +25,24 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
   const unsigned m_blocks = (params.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
   kernel<<<HeadBatchGrid::make(m_blocks, params.heads_q, params.batch), Traits::kThreads, kSmem, stream>>>(params);
   return cudaGetLastError();
+}
+
+// attn_mask: the pre-pass summarises it for this kernel's tiles into the
+// workspace (fwd_workspace_bytes), then the masked kernel runs.
+template <class Traits>
+cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
+  if (params.head_dim != Traits::kHeadDim || params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
+      params.len_q <= 0 || params.len_k <= 0 || params.batch <= 0 ||
+      !HeadBatchGrid::fits(params.heads_q, params.batch)) {
+    return cudaErrorInvalidValue;
+  }
+  if (params.mask.values == nullptr) return launch_kernel<Traits, mask::CausalOrNone>(params, stream);
+  if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
+  AttnFwdParams masked = params;
+  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN,
+                                          static_cast<uint8_t*>(params.workspace), stream);
+  if (err != cudaSuccess) return err;
+  return launch_kernel<Traits, mask::FromMemory>(masked, stream);
 }
 
 template <typename Element, int kHeadDim>

@@ -8,6 +8,7 @@
 
 #include "params.h"
 #include "common/mask.h"
+#include "common/mask_summary.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
 #include "common/workspace_bwd.h"
@@ -16,13 +17,18 @@ namespace tfb::sm80::bwd {
 
 // Which keys a CTA owns and which query steps it takes. A step is one query
 // block of one query head; the heads of the GQA group follow one another, so
-// dK and dV sum over the group in registers, in a fixed order.
+// dK and dV sum over the group in registers, in a fixed order. With a mask in
+// memory the steps skip the query blocks whose tile it hides.
 struct BwdBlock {
   int n_block, head_kv, batch, group;
   int len_q, len_k;  // the batch's (AttnFwdParams::seqlen_q / seqlen_k)
   int m_begin;  // first query block that sees the keys (the mask's m_blocks)
   int m_count;  // query blocks per head from m_begin on
-  int steps;
+  // A mask in memory: this key block's column of the tile summary at head 0
+  // (null for bands), with its strides per head and per query block.
+  const uint8_t* kinds = nullptr;
+  int64_t kinds_head_stride = 0;
+  int kinds_row_stride = 0;
 
   template <class Walk>
   CUTE_DEVICE BwdBlock(const AttnBwdParams& p, Walk const& mask, int n_block_, int head_kv_, int batch_)
@@ -31,23 +37,42 @@ struct BwdBlock {
     const auto m_blocks = mask.m_blocks(n_block);
     m_begin = m_blocks.begin;
     m_count = m_blocks.end - m_blocks.begin;
-    steps = group * m_count;
+    if constexpr (mask::kReadsMemory<typename Walk::Policy>) {
+      kinds = p.mask.tile_kinds + batch * p.mask.tile_kinds_batch_stride + n_block;
+      kinds_head_stride = p.mask.tile_kinds_head_stride;
+      kinds_row_stride = p.mask.tile_kinds_n_blocks;
+    }
   }
 
   struct Step {
     int head_q, m_block;
   };
-  CUTE_DEVICE Step first() const { return {head_kv * group, m_begin}; }
-  CUTE_DEVICE Step next(Step s) const {
+  CUTE_DEVICE bool done(Step s) const { return s.head_q >= (head_kv + 1) * group; }
+  CUTE_DEVICE bool skipped(Step s) const {
+    return kinds != nullptr && kinds[s.head_q * kinds_head_stride + s.m_block * kinds_row_stride] ==
+                                   uint8_t(mask::TileKind::kHidden);
+  }
+  CUTE_DEVICE Step advance(Step s) const {
     return s.m_block + 1 < m_begin + m_count ? Step{s.head_q, s.m_block + 1} : Step{s.head_q + 1, m_begin};
+  }
+  CUTE_DEVICE Step next(Step s) const {
+    do {
+      s = advance(s);
+    } while (!done(s) && skipped(s));
+    return s;
+  }
+  CUTE_DEVICE Step first() const {
+    const Step s{m_count > 0 ? head_kv * group : (head_kv + 1) * group, m_begin};
+    return done(s) || !skipped(s) ? s : next(s);
   }
 };
 
-template <class Traits>
+// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory (FromMemory).
+template <class Traits, class Policy>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kM = Traits::kBlockM, kN = Traits::kBlockN, kE = Traits::kHeadDim;
-  using Mask = mask::TileWalk<kM, kN, mask::CausalOrNone>;
+  using Mask = mask::TileWalk<kM, kN, Policy>;
   using TileQ = Shape<Int<kM>, Int<kE>>;
   using TileKV = Shape<Int<kN>, Int<kE>>;
 
@@ -131,21 +156,21 @@ struct BwdMainloop {
     constexpr int kCols = decltype(size<1>(coord))::value;
 
     const int n0 = blk.n_block * kN;
-    const Mask mask{mask::causal_if(p.is_causal, blk.len_q, blk.len_k)};
 
     load_k_v(p, blk);
     BwdBlock::Step cur = blk.first();
-    if (blk.steps > 0) {
+    if (!blk.done(cur)) {
       load_q(p, blk, cur, 0);
       load_do(p, blk, cur, 0);
     }
     cp_async_fence();
 
-    for (int step = 0; step < blk.steps; ++step) {
+    for (int step = 0; !blk.done(cur); ++step) {
       const int sq = Traits::kStagesQ == 2 ? step & 1 : 0;
       const int sdo = Traits::kStagesdO == 2 ? step & 1 : 0;
-      const bool has_next = step + 1 < blk.steps;
       const BwdBlock::Step nxt = blk.next(cur);
+      const bool has_next = !blk.done(nxt);
+      const Mask mask{mask::policy_of<Policy>(p, blk.batch, cur.head_q, blk.len_q, blk.len_k)};
       const int m0 = cur.m_block * kM;
       const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + cur.head_q) * ws.len_q_pad + m0;
 
@@ -194,7 +219,27 @@ struct BwdMainloop {
           }
         }
       };
-      if (need_mask) {
+      if constexpr (mask::kReadsMemory<Policy>) {
+        if (need_mask) {
+          // Mixed tiles: each score reads its mask byte (rows past len_q, keys past len_k hidden).
+          const mask::FromMemory& m = mask.policy;
+          const uint8_t* tile = m.values + m0 * m.row_stride + n0 * m.col_stride;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const int row = get<0>(coord(r, 0));
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const int col = get<1>(coord(r, c));
+              const bool keep = m0 + row < m.len_q && n0 + col < m.len_k &&
+                                tile[row * m.row_stride + col * m.col_stride] != 0;
+              const float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
+              prob(r, c) = keep ? x : 0.f;
+            }
+          }
+        } else {
+          exp_scores(cute::false_type{}, [](int) { return kN; });
+        }
+      } else if (need_mask) {
         exp_scores(cute::true_type{}, [&](int r) { return mask.policy.key_end(m0 + get<0>(coord(r, 0))) - n0; });
       } else {
         exp_scores(cute::false_type{}, [](int) { return kN; });

@@ -14,14 +14,16 @@
 namespace tfb {
 namespace sm80 {
 
-template <class Traits>
+// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory
+// (FromMemory), whose hidden tiles the walk skips.
+template <class Traits, class Policy>
 struct FwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kStages = Traits::kStages;
-  using Mask = mask::TileWalk<kBlockM, kBlockN, mask::CausalOrNone>;
+  using Mask = mask::TileWalk<kBlockM, kBlockN, Policy>;
 
   template <class T>
   CUTE_DEVICE static auto at_stage(T const& stage0, int stage) {
@@ -103,13 +105,16 @@ struct FwdMainloop {
     const bool flip = p.scale_log2 < 0.f;
     const float scale_log2 = fabsf(p.scale_log2);
     const int m0 = m_block * kBlockM;
-    const int n_last = mask.n_blocks(m_block).end - 1;
+    const int n_last = mask.visited_at_or_below(m_block, mask.n_blocks(m_block).end - 1);
 
-    copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0);
-    load_k(n_last, 0);
+    // A tile the mask hides entirely loads nothing (no copy in flight for the epilogue's reuse of Q's buffer).
+    if (n_last >= 0) {
+      copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0);
+      load_k(n_last, 0);
+    }
     cp_async_fence();
     if constexpr (kStages == 2) {
-      load_v(n_last, 0);
+      if (n_last >= 0) load_v(n_last, 0);
       cp_async_fence();
     }
 
@@ -117,12 +122,13 @@ struct FwdMainloop {
     int stage = 0;
     bool inexact = false;
 #pragma unroll 1
-    for (int n_block = n_last; n_block >= 0; --n_block) {
+    for (int n_block = n_last, n_next; n_block >= 0; n_block = n_next) {
+      n_next = mask.visited_at_or_below(m_block, n_block - 1);
       const int next = kStages == 2 ? stage ^ 1 : 0;
       cp_async_wait<kStages - 1>();  // K[n_block] (and Q) have landed
       __syncthreads();               // ... for every thread, and step n_block + 1 is done everywhere
       if constexpr (kStages == 2) {
-        if (n_block > 0) load_k(n_block - 1, next);
+        if (n_next >= 0) load_k(n_next, next);
       } else {
         load_v(n_block, 0);
       }
@@ -140,11 +146,11 @@ struct FwdMainloop {
 
       cp_async_wait<kStages - 1>();  // V[n_block] has landed
       __syncthreads();               // ... for every thread, and the buffer refilled next is unread
-      if (n_block > 0) {
+      if (n_next >= 0) {
         if constexpr (kStages == 2) {
-          load_v(n_block - 1, next);
+          load_v(n_next, next);
         } else {
-          load_k(n_block - 1, 0);
+          load_k(n_next, 0);
         }
       }
       cp_async_fence();

@@ -52,6 +52,8 @@ bool has_bwd(DType dtype, int head_dim) { return visit_bwd(dtype, head_dim, [](a
 // configuration fits (its launcher sets the size); the router needs no number.
 size_t smem_bytes_fwd(DType, int) { return 0; }
 size_t smem_bytes_bwd(DType, int) { return 0; }
+TileShape tile_fwd(DType, int) { return {}; }  // reads no mask
+TileShape tile_bwd(DType, int) { return {}; }
 
 bool can_run_fwd(const AttnFwdParams& p) {
   // Uniform lengths only (kernel_fwd.h's FwdKernelParams).

@@ -1,0 +1,136 @@
+"""Masked attention: our kernels beside PyTorch's SDPA backends on the same masked call.
+
+    python benchmarks/bench_masks.py                      # every mask, fwd and fwd+bwd
+    python benchmarks/bench_masks.py --masks window --modes fwd
+
+bf16, E = 128, 16 heads, q/k/v as (B, L, H, E).transpose(1, 2); a boolean
+attn_mask (True = take part) as Hugging Face models pass it:
+  keep-all   (B, 1, 1, S) padding mask with every key valid, B 4, L 4K
+  padding    (B, 1, 1, S), batch row i valid up to 100%, 85%, 70%, 55% of S
+  window     (1, 1, L, S) causal band of 4096 keys, B 1, L 16K
+  random     (B, H, L, S) half the pairs visible, no tile empty, B 4, L 4K
+
+Columns: milliseconds of "ours" (the ops on the masked call, the router's
+families), "ours-plain" (ours without the mask: not causal for keep-all,
+padding and random, causal for window), PyTorch's default SDPA and its
+efficient and cuDNN backends on the same masked call (a backend that refuses
+it prints "-"); then ours/plain and default/ours, and for the window the
+time target of 1.3 x the plain causal time x the share of causal pairs the
+band keeps. Backends take turns, one timed call each per round (bench_sdpa.py's
+time_in_turns), medians of CUDA-event times.
+"""
+import argparse
+import contextlib
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bench_sdpa import make_inputs, time_in_turns
+
+HEADS, E, WINDOW = 16, 128, 4096
+MASKS = {  # name: (batch, length)
+    "keep-all": (4, 4096),
+    "padding": (4, 4096),
+    "window": (1, 16384),
+    "random": (4, 4096),
+}
+PYTORCH = {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def make_mask(kind, b, length):
+    keys = torch.arange(length, device="cuda")
+    if kind == "keep-all":
+        return torch.ones(b, 1, 1, length, dtype=torch.bool, device="cuda")
+    if kind == "padding":
+        valid = torch.tensor([1.0, 0.85, 0.7, 0.55][:b], device="cuda").mul(length).long()
+        return (keys[None] < valid[:, None])[:, None, None]
+    if kind == "window":
+        rows = keys[:, None]
+        return ((keys[None] <= rows) & (keys[None] > rows - WINDOW))[None, None]
+    if kind == "random":
+        g = torch.Generator(device="cuda").manual_seed(0)
+        return torch.rand(b, HEADS, length, length, device="cuda", generator=g) > 0.5
+    raise ValueError(kind)
+
+
+def band_share(length, window):
+    """The share of causal (row, key) pairs a causal band of `window` keys keeps."""
+    kept = sum(min(i + 1, window) for i in range(length))
+    return kept / (length * (length + 1) / 2)
+
+
+def runner(backend, q, k, v, mask, causal, mode):
+    import torch_flash_backend as tfb
+
+    if backend == "ours":
+        def fwd():
+            return tfb.flash_attn(q, k, v, attn_mask=mask)
+    elif backend == "ours-plain":
+        def fwd():
+            return tfb.flash_attn(q, k, v, is_causal=causal)
+    else:
+        def fwd():
+            ctx = contextlib.nullcontext() if PYTORCH[backend] is None else sdpa_kernel(PYTORCH[backend])
+            with ctx:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if mode == "fwd":
+        def run():
+            with torch.no_grad():
+                fwd()
+        return run
+    grad_out = torch.randn_like(q)
+
+    def run():
+        torch.autograd.grad(fwd(), (q, k, v), grad_out)
+    return run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--masks", default=",".join(MASKS))
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--backends", default="ours,ours-plain,default,efficient,cudnn")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_masks.py needs a CUDA GPU")
+    import torch_flash_backend as tfb
+
+    backends = args.backends.split(",")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, E {E}, {HEADS} heads, ms per call\n")
+    cols = backends + ["ours/plain", "default/ours", "window target"]
+    print("| mode | mask | B | L | " + " | ".join(cols) + " |")
+    print("|" + "---|" * (4 + len(cols)))
+    notes = []
+    for mode in args.modes.split(","):
+        for kind in args.masks.split(","):
+            b, length = MASKS[kind]
+            causal = kind == "window"
+            q, k, v = make_inputs(b, HEADS, length, E, torch.bfloat16, mode == "fwdbwd")
+            mask = make_mask(kind, b, length)
+            if mode == "fwd":
+                notes.append(f"{kind}: {tfb.explain(q, k, v, attn_mask=mask)}")
+            runs = {x: (contextlib.nullcontext, runner(x, q, k, v, mask, causal, mode)) for x in backends}
+            ms = time_in_turns(runs, args.warmup, args.reps)
+            t = {x: (math.nan if isinstance(ms[x], RuntimeError) else ms[x]) for x in backends}
+            for x in backends:
+                if isinstance(ms[x], RuntimeError):
+                    notes.append(f"{x} {mode} {kind}: {str(ms[x]).splitlines()[0][:120]}")
+            ratio = lambda a, c: t.get(a, math.nan) / t.get(c, math.nan)  # noqa: E731
+            target = 1.3 * t.get("ours-plain", math.nan) * band_share(length, WINDOW) if causal else math.nan
+            cells = [("-" if math.isnan(t[x]) else f"{t[x]:.3f}") for x in backends]
+            cells += [f"{ratio('ours', 'ours-plain'):.2f}", f"{ratio('default', 'ours'):.2f}",
+                      "" if math.isnan(target) else f"{target:.3f}"]
+            print(f"| {mode} | {kind} | {b} | {length} | " + " | ".join(cells) + " |", flush=True)
+            del q, k, v, mask
+    print()
+    for note in notes:
+        print(f"- {note}")
+
+
+if __name__ == "__main__":
+    main()

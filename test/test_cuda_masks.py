@@ -1,0 +1,279 @@
+"""Boolean attn_mask in the tiled families (sm80), forward and backward, against
+the float64 reference.
+
+Masks as callers build them: random per head, padding (each batch row's valid
+length, broadcast over heads and rows), sliding windows of several widths,
+block-sparse (whole tiles hidden), rows and tiles that see nothing, a key
+dimension that is not contiguous, a 2-D mask broadcast over batch and heads;
+odd L and S, GQA. Outputs and gradients must stay within 2x the error of
+PyTorch's own SDPA in the same dtype (plus a floor); rows that see no key give
+0 and no gradient, as PyTorch's math and efficient backends. Outputs land in
+memory filled with NaN just before, so an element the kernels skip writing
+fails the check.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
+
+from reference import assert_within_baseline, attention_ref, max_err
+
+pytestmark = pytest.mark.gpu
+
+ops = torch.ops.torch_flash_backend
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+@pytest.fixture(autouse=True)
+def all_families():
+    with testing.kernel_families():
+        yield
+
+
+def require(dtype, e, family="sm80", passes=("fwd", "bwd")):
+    dn = "fp16" if dtype == torch.float16 else "bf16"
+    for p in passes:
+        if f"{family}_{p}_{dn}_hdim{e}" not in tfb.built_kernels():
+            pytest.skip(f"{family}_{p}_{dn}_hdim{e} not built")
+
+
+def make(b, h, n, e, dtype, layout="blhe"):
+    if layout == "blhe":  # (B, L, H, E).transpose(1, 2), a model's projection
+        return torch.randn(b, n, h, e, device="cuda", dtype=dtype).transpose(1, 2)
+    return torch.randn(b, h, n, e, device="cuda", dtype=dtype)
+
+
+def make_mask(kind, b, hq, length, s):
+    """Boolean masks (True = take part), on the GPU."""
+    g = torch.Generator().manual_seed(b * 7919 + hq * 31 + length * 17 + s)
+    rows, keys = torch.arange(length)[:, None], torch.arange(s)[None, :]
+    if kind == "random":  # per head, about half visible; no tile empty
+        return (torch.rand(b, hq, length, s, generator=g) > 0.5).cuda()
+    if kind == "padding":  # (B, 1, 1, S): batch row i uses its first valid[i] keys, the last all
+        valid = torch.randint(1, s + 1, (b,), generator=g)
+        valid[-1] = s
+        return (keys[None] < valid[:, None, None])[:, None].cuda()
+    if kind.startswith("window"):  # causal band of the given width, bottom-right aligned, (1, 1, L, S)
+        width = int(kind[len("window"):])
+        diag = rows + (s - length)
+        return ((keys <= diag) & (keys > diag - width))[None, None].cuda()
+    if kind == "blocks":  # block-sparse, 64 x 64 blocks per head; some blocks in part
+        blocks = torch.rand(b, hq, (length + 63) // 64, (s + 63) // 64, generator=g) > 0.6
+        mask = blocks.repeat_interleave(64, 2).repeat_interleave(64, 3)[:, :, :length, :s].clone()
+        mask[..., 5::37, :] = ~mask[..., 5::37, :]
+        return mask.cuda()
+    if kind == "empty":  # random with rows, whole query tiles and whole key ranges that see nothing
+        mask = torch.rand(b, hq, length, s, generator=g) > 0.5
+        mask[:, ::3, length // 2] = False
+        mask[:, :, : min(length, 130)] &= keys >= min(s, 200)  # the first query tiles see only keys >= 200
+        mask[-1, -1] = False
+        return mask.cuda()
+    if kind == "transposed":  # keys not contiguous: (B, H, S, L) seen as (B, H, L, S)
+        return (torch.rand(b, hq, s, length, generator=g) > 0.5).cuda().transpose(-1, -2)
+    if kind == "2d":  # (L, S), broadcast over batch and heads
+        return (torch.rand(length, s, generator=g) > 0.3).cuda()
+    raise ValueError(kind)
+
+
+def poison(like, copies=3):
+    torch.empty(like.numel() * copies + 4096, device="cuda", dtype=like.dtype).fill_(float("nan"))
+
+
+def pytorch_sdpa(q, k, v, mask, backend=SDPBackend.MATH, grads_of=None, dout=None):
+    """PyTorch's SDPA in the input dtype on one backend (math by default; its
+    cuDNN backend gives rows that see nothing the unmasked attention, so it is
+    no baseline here), NaN (rows that see nothing, in some versions) as 0."""
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.size(1) != k.size(1))
+    if grads_of is None:
+        return out.nan_to_num(0.0)
+    return [g.nan_to_num(0.0) for g in torch.autograd.grad(out, grads_of, dout)]
+
+
+def math_sdpa(q, k, v, mask):
+    return pytorch_sdpa(q, k, v, mask)
+
+
+def baseline_grads(q, k, v, mask, dout):
+    """(dq, dk, dv) baselines: per gradient the worse of PyTorch's math and
+    efficient backends (the efficient one rounds dS as FlashAttention-2 and
+    our kernels do; the math one keeps more precision), as test_cuda_bwd.py
+    takes the worse of the default and flash backends."""
+    runs = []
+    for backend in (SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        runs.append(pytorch_sdpa(*leaves, mask, backend, grads_of=leaves, dout=dout))
+    return runs
+
+
+KINDS = ["random", "padding", "window1", "window64", "window300", "blocks", "empty", "transposed", "2d"]
+# (B, Hq, Hkv, L, S): odd and unequal lengths, GQA 4:1.
+SHAPES = [(2, 4, 4, 128, 128), (1, 8, 2, 300, 517), (2, 4, 1, 1000, 17), (1, 2, 2, 17, 1000), (1, 2, 2, 1, 129)]
+
+
+def shape_id(c):
+    return "b{}_h{}-{}_L{}_S{}".format(*c)
+
+
+def check_forward(b, hq, hkv, length, s, e, dtype, kind):
+    q = make(b, hq, length, e, dtype)
+    k, v = make(b, hkv, s, e, dtype), make(b, hkv, s, e, dtype)
+    mask = make_mask(kind, b, hq, length, s)
+    poison(q)
+    out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+    torch.cuda.synchronize()
+    name = f"b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} mask={kind}"
+    ref_out, ref_lse = attention_ref(q, k, v, attn_mask=mask)
+    assert_within_baseline(name, out, math_sdpa(q, k, v, mask), ref_out)
+    empty = torch.isneginf(ref_lse)
+    assert (out[empty] == 0).all() and torch.isinf(lse[empty]).all(), f"{name}: rows that see no key"
+    seen = ~empty
+    assert max_err(lse[seen], ref_lse[seen]) <= 1e-3, f"{name}: lse"
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_forward(kind, shape):
+    require(torch.bfloat16, 128, passes=("fwd",))
+    torch.manual_seed(hash((kind, shape)) % 2**31)
+    check_forward(*shape, 128, torch.bfloat16, kind)
+
+
+@pytest.mark.parametrize("e", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_every_head_dim(dtype, e):
+    require(dtype, e, passes=("fwd",))
+    torch.manual_seed(e)
+    check_forward(2, 4, 2, 200, 333, e, dtype, "blocks")
+    check_forward(1, 2, 2, 129, 250, e, dtype, "window64")
+
+
+def check_backward(b, hq, hkv, length, s, e, dtype, kind):
+    """The backward op on the reference's out and lse, against float64 autograd."""
+    q, k, v, dout = (make(b, h, n, e, dtype) for h, n in ((hq, length), (hkv, s), (hkv, s), (hq, length)))
+    mask = make_mask(kind, b, hq, length, s)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, attn_mask=mask)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    out = out64.detach().to(dtype)
+    lse = lse64.detach().float().contiguous()
+    poison(q, copies=6)
+    ours = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    torch.cuda.synchronize()
+    runs = baseline_grads(q, k, v, mask, dout)
+    name = f"b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} mask={kind}"
+    for i, (what, o, r) in enumerate(zip(("dq", "dk", "dv"), ours, ref)):
+        worst = max((run[i] for run in runs), key=lambda g: max_err(g, r))
+        assert_within_baseline(f"{name} {what}", o, worst, r, floor=1e-4)
+    empty = torch.isneginf(lse64.detach())
+    assert (ours[0][empty] == 0).all(), f"{name}: dq of rows that see no key"
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("kind", KINDS)
+def test_backward(kind, shape):
+    require(torch.bfloat16, 128)
+    torch.manual_seed(hash((kind, shape, 1)) % 2**31)
+    check_backward(*shape, 128, torch.bfloat16, kind)
+
+
+@pytest.mark.parametrize("e", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_every_head_dim(dtype, e):
+    require(dtype, e)
+    torch.manual_seed(e + 1)
+    check_backward(2, 4, 2, 200, 333, e, dtype, "blocks")
+    check_backward(1, 2, 2, 129, 250, e, dtype, "empty")
+
+
+def test_backward_deterministic():
+    """torch.use_deterministic_algorithms: the same bits on every run, masked too."""
+    require(torch.bfloat16, 128)
+    q, k, v, dout = (make(2, 4, 500, 128, torch.bfloat16) for _ in range(4))
+    mask = make_mask("blocks", 2, 4, 500, 500)
+    out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+    with testing.deterministic_algorithms():
+        runs = [ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask) for _ in range(3)]
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+    ref = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    for a, b in zip(runs[0], ref):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_hidden_tiles_are_skipped():
+    """Keys the mask hides in whole 128-key blocks hold NaN; a kernel that
+    loaded and multiplied them would put NaN into every row (0 * NaN). The
+    tiled kernels skip such tiles, so the output is finite and right."""
+    require(torch.bfloat16, 128)
+    b, h, length, s, e = 1, 2, 256, 1024, 128
+    q, k, v, dout = make(b, h, length, e, torch.bfloat16), *(make(b, h, s, e, torch.bfloat16) for _ in range(2)), \
+        make(b, h, length, e, torch.bfloat16)
+    mask = torch.ones(b, 1, length, s, dtype=torch.bool, device="cuda")
+    mask[..., 256:512] = False
+    mask[..., 768:] = False
+    mask[..., 100, 0] = False  # one mixed tile among them
+    k[:, :, 256:512] = float("nan")
+    v[:, :, 768:] = float("nan")
+    out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+    ref, _ = attention_ref(q.nan_to_num(0), k.nan_to_num(0), v.nan_to_num(0), attn_mask=mask)
+    assert torch.isfinite(out).all() and max_err(out, ref) < 2e-2
+    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    assert torch.isfinite(dq).all() and (dk[:, :, 256:512] == 0).all() and (dv[:, :, 768:] == 0).all()
+
+
+def test_enable_serves_masked_training():
+    """Under enable(strict=True) a boolean mask with a long query and grad runs
+    the sm80 kernels both ways (the sm90 family reads no mask yet), as a
+    padded Hugging Face batch passes it; the grads match float64's."""
+    require(torch.bfloat16, 128)
+    b, hq, hkv, length, e = 2, 8, 2, 300, 128
+    q = make(b, hq, length, e, torch.bfloat16).requires_grad_()
+    k, v = (make(b, hkv, length, e, torch.bfloat16).requires_grad_() for _ in range(2))
+    mask = make_mask("padding", b, hq, length, length) & torch.ones(length, length, device="cuda").tril().bool()
+    decision = tfb.explain(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert (decision.kernel, decision.backward_kernel) == ("sm80_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(decision)
+
+    def step():
+        with tfb.enable(strict=True):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+    assert testing.launched_families(step) == {"sm80"}
+    out, grads = step()
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out64, _ = attention_ref(*leaves, attn_mask=mask)
+    ref = torch.autograd.grad(out64, leaves, torch.ones_like(out64))
+    base = math_sdpa(*(t.detach().clone().requires_grad_() for t in (q, k, v)), mask)
+    assert_within_baseline("out", out.detach(), base, out64.detach())
+    for g, r in zip(grads, ref):
+        assert max_err(g, r) < 5e-2
+
+
+def test_opcheck_masked_cuda():
+    require(torch.bfloat16, 64)
+    q, k, v = (make(2, 4, 40, 64, torch.bfloat16) for _ in range(3))
+    mask = make_mask("blocks", 2, 4, 40, 40)
+    torch.library.opcheck(ops.fwd.default, (q, k, v, None, False, "sm80"), {"attn_mask": mask})
+    out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+    torch.library.opcheck(ops.bwd.default, (torch.randn_like(out), q, k, v, out, lse, None, False, "sm80"),
+                          {"attn_mask": mask})
+
+
+def test_explain_states_the_share_of_tiles_a_window_hides():
+    """explain() of a sliding-window call that sm80 serves reads the mask and
+    states the share of the kernel's (128-row, 64-key) tiles it hides: a band
+    of 256 keys over 2048 rows leaves the 16 query tiles 6 key tiles each (fewer at the start)."""
+    require(torch.bfloat16, 128, passes=("fwd",))
+    q, k, v = (make(1, 2, 2048, 128, torch.bfloat16) for _ in range(3))
+    mask = make_mask("window256", 1, 2, 2048, 2048)
+    d = tfb.explain(q, k, v, attn_mask=mask)
+    assert d.kernel == "sm80_fwd_bf16_hdim128", str(d)
+    tiles = mask[0, 0].reshape(16, 128, 32, 64).any(dim=3).any(dim=1)
+    assert d.tiles_skipped == pytest.approx(1 - tiles.float().mean().item())
+    assert 0.8 < d.tiles_skipped < 0.9 and f"hides {d.tiles_skipped:.0%} of its tiles" in str(d), str(d)
