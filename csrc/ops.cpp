@@ -22,7 +22,7 @@ std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
 #define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)      \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok \
-                  " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" #masks " passes=" passes " head_dims=" head_dims);
+                  " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;
@@ -49,7 +49,7 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // a graph traced with a symbolic head dim names a kernel too.
   // attn_mask: SDPA's boolean mask (True = take part), broadcastable to
   // (B, Hq, L, S) and read in place; last, so that calls without one keep their
-  // positions. Families whose registry entry says masks=true read it.
+  // positions. The passes a family's registry entry lists in `masks` read it.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, str? family=None,"
       " str? backward_family=None, Tensor? attn_mask=None) -> (Tensor out, Tensor lse)");

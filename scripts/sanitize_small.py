@@ -104,11 +104,15 @@ def decode(head_dims):
 
 
 def masks(head_dims):
-    """The tiled families' boolean masks, forward and backward (sm80): random per
-    head with rows that see nothing, a padding mask (B, 1, 1, S), a causal band,
-    whole hidden tiles, keys strided, odd lengths, GQA, the deterministic backward."""
+    """The tiled families' boolean masks, forward (sm80, and sm90 on Hopper) and
+    backward (sm80): random per head with rows that see nothing, a padding mask
+    (B, 1, 1, S), a causal band, whole hidden tiles, keys strided, odd lengths,
+    GQA, the deterministic backward."""
     torch.manual_seed(0)
+    built = set(tfb.built_kernels())
     for e in head_dims + [32, 256]:
+        forward_families = ["sm80"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0)
+                                       and f"sm90_fwd_bf16_hdim{e}" in built else [])
         for (b, hq, hkv, length, s) in ((2, 4, 2, 17, 300), (1, 4, 4, 130, 67), (1, 2, 1, 300, 1000)):
             q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
             k = torch.randn(b, hkv, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
@@ -123,7 +127,8 @@ def masks(head_dims):
                      blocks.repeat_interleave(64, 2).repeat_interleave(64, 3)[..., :length, :s],
                      (torch.rand(b, hq, s, length, device="cuda") > 0.5).transpose(-1, -2)]
             for i, mask in enumerate(masks):
-                out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
+                for family in forward_families:
+                    out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
                 torch.use_deterministic_algorithms(i == 3)
                 try:
                     ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, False, "sm80", attn_mask=mask)

@@ -18,6 +18,7 @@ TEMPLATE = """\
 
 namespace tfb::{family} {{
 template cudaError_t launch_{pass_}<{element}, {head_dim}>(const Attn{Pass}Params&, cudaStream_t);
+template TileShape {pass_}_tile<{element}, {head_dim}>();
 }}  // namespace tfb::{family}
 """
 
@@ -34,10 +35,10 @@ def kernel_list_h() -> str:
              "#define TFB_KERNEL_PASSES(X) " + " ".join(f"X({f.name}, {p})" for f in registry.FAMILIES for p in f.passes),
              "",
              "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head dims); cc",
-             "// as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit; masks: reads attn_mask;",
+             "// as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit; masks: the passes that read attn_mask;",
              "// head dims per pass, \"fwd:64,128;bwd:64\".",
              "#define TFB_KERNEL_FAMILIES(X) " + " ".join(
-                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, {str(f.masks).lower()}, '
+                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, "{",".join(f.masks)}", '
                  f'"{",".join(f.passes)}", "{";".join(p + ":" + ",".join(map(str, f.dims(p))) for p in f.passes)}")'
                  for f in registry.FAMILIES),
              ""]

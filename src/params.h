@@ -47,6 +47,13 @@ struct MaskArgs {
   const uint8_t* tile_kinds = nullptr;
   int64_t tile_kinds_batch_stride = 0, tile_kinds_head_stride = 0;
   int tile_kinds_n_blocks = 0;
+  int tile_keys = 0;  // the key tile they were made for
+  // The same pre-pass's copy of the mask, a bit per (row, key), in words of
+  // 64 keys from each key tile's start (common/mask.h FromMemory): bits_words
+  // words per row, (len_q, bits_words) planes.
+  const uint64_t* bits = nullptr;
+  int64_t bits_batch_stride = 0, bits_head_stride = 0;
+  int bits_words = 0;
 };
 
 // Split-KV (decode): partial outputs and logsumexps per split, merged after.

@@ -30,9 +30,9 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
-    # Its passes read a boolean attn_mask (broadcast with stride 0 where it is),
-    # skipping the tiles it hides (src/common/mask_summary.h).
-    masks: bool = False
+    # The passes that read a boolean attn_mask (broadcast with stride 0 where it
+    # is), skipping the tiles it hides (src/common/mask_summary.h).
+    masks: tuple[str, ...] = ()
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
@@ -51,7 +51,7 @@ FAMILIES = (
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
                    "-gencode=arch=compute_90,code=compute_90"),
         cmake_archs="80-real;90-real;90-virtual", nvcc_defines=(),
-        stride0_ok=True, align_bytes=16, max_rows=256, masks=True,
+        stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",),
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(
@@ -62,15 +62,15 @@ FAMILIES = (
         # only under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
         nvcc_defines=("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
-        stride0_ok=False, align_bytes=16,
-        doc="Hopper: TMA, wgmma, warp specialisation; forward and backward",
+        stride0_ok=False, align_bytes=16, masks=("fwd",),
+        doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; the forward reads attn_mask",
     ),
     Family(
         name="sm80", passes=("fwd", "bwd"), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
         # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual", nvcc_defines=(),
-        stride0_ok=True, align_bytes=16, masks=True,
+        stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"),
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )

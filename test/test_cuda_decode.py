@@ -300,7 +300,8 @@ def test_fully_masked_rows_as_pytorch_math():
 @pytest.mark.parametrize("length", [1, 4])
 def test_enable_serves_masked_steps(routed_short, length):
     """enable() sends a masked short query to the decode family (a single token
-    when route_single_tokens is on, as for unmasked ones), and falls back, with
+    when route_single_tokens is on, as for unmasked ones), with grad its
+    backward to sm80, a longer query to a tiled family, and falls back, with
     the reason, where the mask cannot be read."""
     require(torch.bfloat16, 128)
     q = make_q(2, 32, length, 128, torch.bfloat16)
@@ -315,15 +316,12 @@ def test_enable_serves_masked_steps(routed_short, length):
     assert testing.launched_families(step) == {"decode"}
     ref, _ = attention_ref(q.double(), k.double(), v.double(), attn_mask=mask)
     assert max_err(step(), ref) <= 2e-2
-    reasons = {
-        "float": tfb.explain(q, k, v, attn_mask=torch.zeros(1024, device="cuda"), enable_gqa=True),
-        "grad": tfb.explain(q.detach().requires_grad_(), k, v, attn_mask=mask, enable_gqa=True),
-        "long": tfb.explain(make_q(2, 32, 17, 128, torch.bfloat16), k, v, attn_mask=mask[:, :, :1], enable_gqa=True),
-    }
-    assert "only boolean masks" in reasons["float"].reason
-    assert "require grad" in reasons["grad"].reason
-    assert "17 or more tokens" in reasons["long"].reason
-    assert not any(d.served for d in reasons.values())
+    grad = tfb.explain(q.detach().requires_grad_(), k, v, attn_mask=mask, enable_gqa=True)
+    assert (grad.kernel, grad.backward_kernel) == ("decode_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(grad)
+    long = tfb.explain(make_q(2, 32, 17, 128, torch.bfloat16), k, v, attn_mask=mask[:, :, :1], enable_gqa=True)
+    assert long.served and long.family in ("sm80", "sm90"), str(long)
+    additive = tfb.explain(q, k, v, attn_mask=torch.zeros(1024, device="cuda"), enable_gqa=True)
+    assert not additive.served and "only boolean masks" in additive.reason
 
 
 def test_masked_cuda_graph_replay_equals_eager(routed_short):

@@ -409,10 +409,10 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
 
 def test_boolean_masks_served(fake, monkeypatch):
     """A boolean mask on a short query goes to the decode family, on a longer
-    one to sm80 (sm90 reads no mask yet), and grad to sm80's backward; a float
-    mask and a mask with is_causal fall back, each with its reason, as does a
-    call whose allowed families read no mask. flash_attn's pinned choice
-    follows the same rules."""
+    one to sm90's forward on Hopper (sm80's elsewhere), and grad to sm80's
+    backward (sm90's reads no mask); a float mask and a mask with is_causal
+    fall back, each with its reason, as does a call whose allowed families
+    read no mask. flash_attn's pinned choice follows the same rules."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90):
         mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask)
@@ -421,8 +421,7 @@ def test_boolean_masks_served(fake, monkeypatch):
         d = tfb.explain(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask)
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
-        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
-        assert tfb.explain(*qkv(length=17, s=1000)).kernel == "sm90_fwd_bf16_hdim64"
+        assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         assert "only boolean masks" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
         assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
         assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
@@ -430,10 +429,14 @@ def test_boolean_masks_served(fake, monkeypatch):
         assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask) == _router.MASK_GRAD_REASON
         with pytest.raises(RuntimeError, match="require grad"):
             _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), masked=True)
+        monkeypatch.setenv(_router.FAMILIES_ENV, "decode")
         assert reason(*qkv(length=17, s=1000), attn_mask=mask[:, :, :1]) == _router.MASK_LONG_QUERY_REASON
         monkeypatch.delenv(_router.FAMILIES_ENV)
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]).kernel == "decode_fwd_bf16_hdim64"
+    with testing.pretend_cuda(capability=(8, 0), kernels=DECODE + SM80):
+        d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
+        assert (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
 
 
 @pytest.mark.parametrize("b,hq,hkv,length,s,mask_shape", [

@@ -32,7 +32,7 @@ class Kernel(str):
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
-    no limit), masks (the family's passes read a boolean attn_mask), smem_bytes,
+    no limit), masks (this pass reads a boolean attn_mask), smem_bytes,
     tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
     0 where it reads no mask)."""
 
@@ -61,7 +61,7 @@ class Kernel(str):
         kernel.max_rows = int(values.get("max_rows", 0))
         kernel.tile_rows, kernel.tile_keys = int(values.get("tile_rows", 0)), int(values.get("tile_keys", 0))
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
-        kernel.masks = values.get("masks") in ("1", "true")
+        kernel.masks = kernel.pass_ in values.get("masks", "").split(",")
         return kernel
 
     def runs_on(self, capability: tuple[int, int]) -> bool:

@@ -15,17 +15,28 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 struct Limits {
   std::string_view family;
   int min_cc, max_cc;
-  const char* text;  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=false"
-  bool masks;
+  const char* text;   // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd"
+  const char* masks;  // the passes that read attn_mask, comma-separated
 };
 constexpr Limits kLimits[] = {
 #define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)       \
   {#family, min_cc, max_cc,                                                                             \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
-   " max_rows=" #max_rows " masks=" #masks, masks},
+   " max_rows=" #max_rows " masks=" masks, masks},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
+
+// Whether a comma-separated list names `item`.
+bool lists(std::string_view csv, std::string_view item) {
+  while (!csv.empty()) {
+    const size_t comma = csv.find(',');
+    if (csv.substr(0, comma) == item) return true;
+    if (comma == std::string_view::npos) break;
+    csv.remove_prefix(comma + 1);
+  }
+  return false;
+}
 
 const Limits& limits_of(std::string_view family) {
   for (const Limits& l : kLimits) {
@@ -46,7 +57,8 @@ const Table& table() {
     auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back({family, pass, l.min_cc, l.max_cc, l.masks, has, can_run, workspace_bytes, run, smem_bytes, tile});
+      list.push_back(
+          {family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \

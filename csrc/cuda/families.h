@@ -24,7 +24,7 @@ struct PassKernels {
   const char* family;
   const char* pass;
   int min_cc, max_cc;  // the registry's, major * 10 + minor; max_cc 0: no upper bound
-  bool masks;          // the registry's: reads attn_mask (params.mask.values)
+  bool masks;          // the registry's: this pass reads attn_mask (params.mask.values)
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);

@@ -104,10 +104,13 @@ TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right,
 }
 
 // A mask read from memory, for masks no band describes (padding, block-sparse):
-// a per-tile summary, made by a pre-pass for one tile shape
-// (mask_summary.h), says which tiles are all visible, all hidden or mixed;
-// mixed tiles read the element predicate from a byte per (row, key),
-// broadcast with stride 0 where the mask is. Rows past len_q are never read.
+// a pre-pass (mask_summary.h) says, for one tile shape, which tiles are all
+// visible, all hidden or mixed, and packs the mask a bit per (row, key), which
+// mixed tiles read: a 64-bit word holds 64 keys of one row, counted from the
+// start of their key tile (tile_words words per tile, whatever its width), so
+// a thread loads a word per row of its fragment where a byte per score would
+// cost a load each, and finds each score's bit at a compile-time place.
+// Rows past len_q are never read.
 enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2 };
 
 struct FromMemory {
@@ -115,17 +118,23 @@ struct FromMemory {
   int len_k;
   const uint8_t* tile_kinds;  // (m_blocks, n_blocks) row-major for the walk's tile shape
   int n_blocks;               // row stride of tile_kinds
-  const uint8_t* values;      // nonzero = visible; one (batch, head)'s (len_q, len_k) plane
-  int64_t row_stride;         // in elements; 0 broadcasts over rows
-  int64_t col_stride;         // in elements; 0 broadcasts over keys
+  const uint64_t* bits;       // (len_q, words): key tile n's keys in words [n * tile_words, (n + 1) * tile_words)
+  int words;                  // row stride of bits
+  int tile_keys;              // the walk's key tile
 
   TFB_HOST_DEVICE int key_begin(int) const { return 0; }
   TFB_HOST_DEVICE int key_end(int) const { return len_k; }
   TFB_HOST_DEVICE TileKind kind(int m_block, int n_block) const {
     return static_cast<TileKind>(tile_kinds[int64_t(m_block) * n_blocks + n_block]);
   }
+  static TFB_HOST_DEVICE constexpr int tile_words(int keys) { return (keys + 63) / 64; }
+  // Word w of key tile n_block in row i.
+  TFB_HOST_DEVICE uint64_t word(int i, int n_block, int w) const {
+    return bits[int64_t(i) * words + n_block * tile_words(tile_keys) + w];
+  }
   TFB_HOST_DEVICE bool visible(int i, int j) const {
-    return j < len_k && values[i * row_stride + j * col_stride] != 0;
+    const int o = j % tile_keys;
+    return j < len_k && (word(i, j / tile_keys, o / 64) >> (o % 64)) & 1;
   }
 };
 

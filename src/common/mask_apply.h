@@ -57,19 +57,43 @@ CUTE_DEVICE void apply_by_row_limit(Policy const& band, Acc& acc, Coord const& c
   }
 }
 
-// A mask in memory: each score of the tile reads its byte. Rows past len_q
-// and keys past len_k are hidden without a read.
-template <class Acc, class Coord>
-CUTE_DEVICE void apply(FromMemory const& m, Acc& acc, Coord const& coord, int m0, int n0) {
-  static_assert(decltype(cute::size(acc))::value == decltype(cute::size(coord))::value);
-  const int row_limit = m.len_q - m0, col_limit = m.len_k - n0;
-  const uint8_t* tile = m.values + m0 * m.row_stride + n0 * m.col_stride;
+// A mask in memory on key tile n0 / kTileKeys, held as (row, col) views:
+// each score reads its bit. A row's bits come in words of 64 keys from the
+// tile's start. The thread's columns are its first one, `base`, plus offsets
+// the compiler knows; so each row's words are loaded once, shifted right by
+// `base`, and every score's bit then sits at a compile-time place (indexed
+// by the column itself, the words went to local memory: 500-900 bytes of
+// spills in the sm90 forward). Rows past len_q and keys past len_k are hidden
+// without a read. Hidden elements become `hidden` (scores: -inf;
+// probabilities: 0).
+template <int kTileKeys, class RowCol, class Coord>
+CUTE_DEVICE void apply_rows(FromMemory const& m, RowCol& s, Coord const& coord, int m0, int n0,
+                            float hidden = -INFINITY) {
+  constexpr int kRows = decltype(cute::size<0>(s))::value;
+  constexpr int kCols = decltype(cute::size<1>(s))::value;
+  constexpr int kWords = FromMemory::tile_words(kTileKeys);
+  const int col_limit = m.len_k - n0;
+  const int base = cute::get<1>(coord(0, 0));  // the thread's first column
+  const int first_word = base / 64, shift = base % 64;
+  const uint64_t* tile = m.bits + n0 / kTileKeys * kWords + first_word;
 #pragma unroll
-  for (int i = 0; i < cute::size(acc); ++i) {
-    const int row = cute::get<0>(coord(i));
-    const int col = cute::get<1>(coord(i));
-    const bool keep = row < row_limit && col < col_limit && tile[row * m.row_stride + col * m.col_stride] != 0;
-    acc(i) = keep ? acc(i) : -INFINITY;
+  for (int r = 0; r < kRows; ++r) {
+    const int row = m0 + cute::get<0>(coord(r, 0));
+    uint64_t w[kWords + 1];
+#pragma unroll
+    for (int i = 0; i <= kWords; ++i) {
+      w[i] = row < m.len_q && first_word + i < kWords ? tile[int64_t(row) * m.words + i] : 0;
+    }
+    uint64_t v[kWords];  // bit k: column base + 64 * i + k
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) v[i] = shift == 0 ? w[i] : w[i] >> shift | w[i + 1] << (64 - shift);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const int col = cute::get<1>(coord(r, c));
+      const int off = col - base;  // a constant once unrolled
+      const bool keep = col < col_limit && (v[off / 64] >> (off % 64)) & 1;
+      s(r, c) = keep ? s(r, c) : hidden;
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // The mask pre-pass (mask_summary.h): a warp per tile reads the tile's mask
-// bytes and writes its TileKind.
+// bytes 16 keys at a time, packs them into bits (mask.h FromMemory's words)
+// and writes the tile's kind.
 #include "common/mask_summary.h"
 
 #include <algorithm>
@@ -13,17 +14,27 @@ struct SummaryArgs {
   int64_t batch_stride, head_stride, row_stride, col_stride;
   int len_q, len_k, tile_m, tile_n;
   SummaryShape shape;
-  bool vectors;  // 16-byte loads: contiguous keys, rows and tiles on 16-byte boundaries
+  bool vectors;  // 16-byte loads: contiguous keys, rows and planes on 16-byte boundaries, len_k % 16 == 0
   uint8_t* kinds;
+  uint16_t* bits;  // the bit planes seen as 16-key pieces
+  int tile_words;  // 64-bit words per key tile and row
 };
 
-// Whether a 32-bit word of mask bytes has a zero byte / a nonzero byte.
-__device__ __forceinline__ bool has_zero_byte(uint32_t w) { return ((w - 0x01010101u) & ~w & 0x80808080u) != 0; }
+// The four bytes of x as four bits, a bit per nonzero byte, byte 0 lowest.
+__device__ __forceinline__ uint32_t nonzero_bytes(uint32_t x) {
+  x |= x >> 4;
+  x |= x >> 2;
+  x |= x >> 1;  // bit 0 of each byte: the OR of its bits
+  // The products of bit 8i by 2^(24 - 7i) land on bit 24 + i, the others
+  // elsewhere, none carrying.
+  return ((x & 0x01010101u) * 0x01020408u) >> 24 & 0xFu;
+}
 
 __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  const int64_t tiles = int64_t(a.shape.bytes());
+  const int64_t tiles = a.shape.tiles();
+  const int pieces_per_row = a.shape.words * 4;
   for (int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; t < tiles; t += warps) {
     const int n_block = int(t % a.shape.n_blocks);
     const int m_block = int(t / a.shape.n_blocks % a.shape.m_blocks);
@@ -32,26 +43,26 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
     const int row0 = m_block * a.tile_m, col0 = n_block * a.tile_n;
     const int rows = min(a.tile_m, a.len_q - row0), cols = min(a.tile_n, a.len_k - col0);
     const uint8_t* base = a.values + pb * a.batch_stride + ph * a.head_stride + row0 * a.row_stride + col0 * a.col_stride;
-    // Lanes take items (16 keys of a row with vectors, else one) in turn;
-    // the warp stops once it has seen both kinds (a random mask: at once).
-    const int per_row = a.vectors ? cols / 16 : cols;  // vectors: len_k and tile_n are multiples of 16
-    const int64_t items = int64_t(rows) * per_row;
+    // Key tile n_block's words in each row: 4 pieces of 16 keys per word.
+    uint16_t* out = a.bits + (plane * a.len_q + row0) * pieces_per_row + n_block * a.tile_words * 4;
+    // Lanes take the tile's 16-key pieces in turn, row by row.
+    const int pieces = (cols + 15) / 16;
+    const int64_t items = int64_t(rows) * pieces;
     bool visible = false, hidden = false;
-    for (int64_t i0 = 0; i0 < items; i0 += 32) {
-      const int64_t i = i0 + lane;
-      if (i < items) {
-        const uint8_t* at = base + (i / per_row) * a.row_stride;
-        if (a.vectors) {
-          const uint4 v = *reinterpret_cast<const uint4*>(at + (i % per_row) * 16);
-          visible |= (v.x | v.y | v.z | v.w) != 0;
-          hidden |= has_zero_byte(v.x) || has_zero_byte(v.y) || has_zero_byte(v.z) || has_zero_byte(v.w);
-        } else {
-          const bool v = at[(i % per_row) * a.col_stride] != 0;
-          visible |= v;
-          hidden |= !v;
-        }
+    for (int64_t i = lane; i < items; i += 32) {
+      const int r = int(i / pieces), c = int(i % pieces);
+      const uint8_t* at = base + r * a.row_stride + c * 16 * a.col_stride;
+      const int n = min(16, cols - c * 16);
+      uint32_t b16 = 0;
+      if (a.vectors) {
+        const uint4 v = *reinterpret_cast<const uint4*>(at);
+        b16 = nonzero_bytes(v.x) | nonzero_bytes(v.y) << 4 | nonzero_bytes(v.z) << 8 | nonzero_bytes(v.w) << 12;
+      } else {
+        for (int k = 0; k < n; ++k) b16 |= uint32_t(at[k * a.col_stride] != 0) << k;
       }
-      if (__any_sync(0xffffffffu, visible) && __any_sync(0xffffffffu, hidden)) break;
+      visible |= b16 != 0;
+      hidden |= b16 != (1u << n) - 1;
+      out[int64_t(r) * pieces_per_row + c] = uint16_t(b16);
     }
     visible = __any_sync(0xffffffffu, visible);
     hidden = __any_sync(0xffffffffu, hidden);
@@ -63,20 +74,30 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
 
 }  // namespace
 
-cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, uint8_t* kinds, cudaStream_t stream) {
+cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream) {
+  if (tile_n % 16 != 0) return cudaErrorInvalidValue;
   MaskArgs& m = p.mask;
+  const SummaryShape shape = summary_shape(p, tile_m, tile_n);
+  uint8_t* kinds = static_cast<uint8_t*>(scratch);
+  uint64_t* bits = reinterpret_cast<uint64_t*>(kinds + shape.kinds_bytes());
   SummaryArgs a{m.values, m.values_batch_stride, m.values_head_stride, m.values_row_stride, m.values_col_stride,
-                p.len_q, p.len_k, tile_m, tile_n, summary_shape(p, tile_m, tile_n), false, kinds};
+                p.len_q, p.len_k, tile_m, tile_n, shape, false, kinds, reinterpret_cast<uint16_t*>(bits),
+                FromMemory::tile_words(tile_n)};
   a.vectors = a.col_stride == 1 && reinterpret_cast<uintptr_t>(a.values) % 16 == 0 && a.row_stride % 16 == 0 &&
-              a.batch_stride % 16 == 0 && a.head_stride % 16 == 0 && p.len_k % 16 == 0 && tile_n % 16 == 0;
-  const int64_t tiles = int64_t(a.shape.bytes());
-  const int64_t blocks = std::min<int64_t>((tiles + 7) / 8, int64_t(1) << 20);
+              a.batch_stride % 16 == 0 && a.head_stride % 16 == 0 && p.len_k % 16 == 0;
+  const int64_t blocks = std::min<int64_t>((shape.tiles() + 7) / 8, int64_t(1) << 20);
   summarize_kernel<<<unsigned(blocks), 256, 0, stream>>>(a);
+  const int64_t kinds_plane = int64_t(shape.m_blocks) * shape.n_blocks;
+  const int64_t bits_plane = int64_t(shape.len_q) * shape.words;
   m.tile_kinds = kinds;
-  m.tile_kinds_n_blocks = a.shape.n_blocks;
-  const int64_t plane = int64_t(a.shape.m_blocks) * a.shape.n_blocks;
-  m.tile_kinds_head_stride = a.shape.planes_h == 1 ? 0 : plane;
-  m.tile_kinds_batch_stride = a.shape.planes_b == 1 ? 0 : plane * a.shape.planes_h;
+  m.tile_kinds_n_blocks = shape.n_blocks;
+  m.tile_kinds_head_stride = shape.planes_h == 1 ? 0 : kinds_plane;
+  m.tile_kinds_batch_stride = shape.planes_b == 1 ? 0 : kinds_plane * shape.planes_h;
+  m.tile_keys = tile_n;
+  m.bits = bits;
+  m.bits_words = shape.words;
+  m.bits_head_stride = shape.planes_h == 1 ? 0 : bits_plane;
+  m.bits_batch_stride = shape.planes_b == 1 ? 0 : bits_plane * shape.planes_h;
   return cudaGetLastError();
 }
 

@@ -4,9 +4,10 @@
 //
 // Every family that reads a mask runs summarize() for its own tile shape
 // before its main kernel, into its workspace; the main kernel then skips the
-// hidden tiles (no loads, no MMAs) and reads the mask's bytes in mixed tiles
-// alone. The pre-pass reads the mask once per plane it varies over: a mask
-// broadcast over batch or heads (stride 0) is summarised once.
+// hidden tiles (no loads, no MMAs) and reads the mask, packed a bit per score
+// by the same pre-pass, in mixed tiles alone. The pre-pass reads the mask once
+// per plane it varies over: a mask broadcast over batch or heads (stride 0)
+// is summarised once.
 #pragma once
 
 #include <cstddef>
@@ -23,35 +24,46 @@ namespace mask {
 struct SummaryShape {
   int planes_b, planes_h;  // 1 where the mask broadcasts (stride 0), else batch / q heads
   int m_blocks, n_blocks;
-  TFB_HOST_DEVICE size_t bytes() const { return size_t(planes_b) * planes_h * m_blocks * n_blocks; }
+  int len_q, words;        // the bit planes: len_q rows of `words` 64-bit words (FromMemory)
+  TFB_HOST_DEVICE int64_t planes() const { return int64_t(planes_b) * planes_h; }
+  TFB_HOST_DEVICE int64_t tiles() const { return planes() * m_blocks * n_blocks; }
+  TFB_HOST_DEVICE int64_t words_total() const { return planes() * len_q * words; }
+  // Tile kinds first, padded to 16 bytes, then the bit planes.
+  size_t kinds_bytes() const { return size_t(tiles() + 15) / 16 * 16; }
+  size_t bytes() const { return kinds_bytes() + size_t(words_total()) * sizeof(uint64_t); }
 };
 
+// tile_n: a multiple of 16 (the pre-pass packs 16 keys at a time).
 inline SummaryShape summary_shape(const AttnFwdParams& p, int tile_m, int tile_n) {
   return {p.mask.values_batch_stride == 0 ? 1 : p.batch, p.mask.values_head_stride == 0 ? 1 : p.heads_q,
-          (p.len_q + tile_m - 1) / tile_m, (p.len_k + tile_n - 1) / tile_n};
+          (p.len_q + tile_m - 1) / tile_m, (p.len_k + tile_n - 1) / tile_n, p.len_q,
+          (p.len_k + tile_n - 1) / tile_n * FromMemory::tile_words(tile_n)};
 }
 
 // Scratch the summary takes (0 without a mask), a multiple of 16 bytes so
 // that a workspace carved after it stays aligned.
 inline size_t summary_bytes(const AttnFwdParams& p, int tile_m, int tile_n) {
   if (p.mask.values == nullptr) return 0;
-  return (summary_shape(p, tile_m, tile_n).bytes() + 15) / 16 * 16;
+  return summary_shape(p, tile_m, tile_n).bytes();
 }
 
-// Writes the summary for tiles of tile_m x tile_n into `kinds` (summary_bytes
-// of scratch) and points p.mask.tile_kinds and its strides at it.
-cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, uint8_t* kinds, cudaStream_t stream);
+// Writes the summary for tiles of tile_m x tile_n (tile_n a multiple of 16)
+// into `scratch` (summary_bytes of it, 16-byte aligned) and points
+// p.mask.tile_kinds, p.mask.bits and their strides at it.
+cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream);
 
 // Batch b, query head h's mask, for a kernel whose tiles summarize() saw.
-TFB_HOST_DEVICE FromMemory from_memory(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
-  const MaskArgs& m = p.mask;
+TFB_HOST_DEVICE FromMemory from_memory(const MaskArgs& m, int b, int h, int len_q, int len_k) {
   return {len_q,
           len_k,
           m.tile_kinds + b * m.tile_kinds_batch_stride + h * m.tile_kinds_head_stride,
           m.tile_kinds_n_blocks,
-          m.values + b * m.values_batch_stride + h * m.values_head_stride,
-          m.values_row_stride,
-          m.values_col_stride};
+          m.bits + b * m.bits_batch_stride + h * m.bits_head_stride,
+          m.bits_words,
+          m.tile_keys};
+}
+TFB_HOST_DEVICE FromMemory from_memory(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
+  return from_memory(p.mask, b, h, len_q, len_k);
 }
 
 // The policy a kernel built for Policy reads for batch b, query head h: the

@@ -17,8 +17,13 @@ bool can_run_fwd(const AttnFwdParams& params) { return fits(params); }
 size_t fwd_workspace_bytes(const AttnFwdParams& params) { return workspace_bytes(params); }
 // Q and each warp's ring of K and V tiles (decode/config.h).
 size_t smem_bytes_fwd(DType, int head_dim) { return smem_bytes(head_dim); }
-// A CTA's 16 group-packed rows by a warp's 16-key tile: the unit its mask walk skips.
-TileShape tile_fwd(DType, int) { return {kTileRows, kTileKeys}; }
+TileShape tile_fwd(DType dtype, int head_dim) {
+  TileShape tile;
+  visit_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, head_dim, [&](auto element, auto d) {
+    tile = fwd_tile<decltype(element), decltype(d)::value>();
+  });
+  return tile;
+}
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
   return launch_instantiation<TFB_DECODE_FWD_HEAD_DIMS>(dtype, params.head_dim, [&](auto element, auto head_dim) {

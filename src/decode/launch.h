@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/mask.h"
+#include "kernel_info.h"
 #include "decode/config.h"
 #include "params.h"
 
@@ -60,5 +61,12 @@ inline size_t workspace_bytes(const AttnFwdParams& p) {
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);
+
+// The tile its mask walk skips by (kernel_info.h): a CTA's 16 group-packed
+// rows by a warp's 16-key tile.
+template <typename Element, int kHeadDim>
+TileShape fwd_tile() {
+  return {kTileRows, kTileKeys};
+}
 
 }  // namespace tfb::decode

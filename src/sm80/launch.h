@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cuda_runtime_api.h>
 
+#include "kernel_info.h"
 #include "params.h"
 
 namespace tfb {
@@ -16,6 +17,12 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream);
+
+// The tile a pass reads attn_mask in (kernel_info.h), instantiated beside its launcher.
+template <typename Element, int kHeadDim>
+TileShape fwd_tile();
+template <typename Element, int kHeadDim>
+TileShape bwd_tile();  // the configuration for 227 KB a block (H100, H200)
 
 // Scratch for the backward (accumulators, row statistics); independent of dtype.
 size_t bwd_workspace_bytes_impl(const AttnBwdParams& params);

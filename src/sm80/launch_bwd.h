@@ -39,8 +39,8 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
   if (params.mask.values == nullptr) return launch_main_with<Traits, mask::CausalOrNone>(params, ws, stream);
   if (params.is_causal) return cudaErrorInvalidValue;
   AttnBwdParams masked = params;
-  uint8_t* kinds = static_cast<uint8_t*>(params.workspace) + bwd_workspace_size(params);
-  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, kinds, stream);
+  void* scratch = static_cast<char*>(params.workspace) + bwd_workspace_size(params);
+  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, scratch, stream);
   if (err != cudaSuccess) return err;
   return launch_main_with<Traits, mask::FromMemory>(masked, ws, stream);
 }
@@ -52,6 +52,12 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
 // (deterministic, no float32 dK/dV workspace or extra pass). The price is a
 // grid heads_q / heads_kv times smaller, which only matters when
 // batch * heads_kv * key blocks is below a few waves of CTAs.
+template <typename Element, int kHeadDim>
+TileShape bwd_tile() {
+  using Traits = typename bwd::BwdConfig<Element, kHeadDim>::Traits;
+  return {Traits::kBlockM, Traits::kBlockN};
+}
+
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream) {
   using Config = bwd::BwdConfig<Element, kHeadDim>;

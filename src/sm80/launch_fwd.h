@@ -39,10 +39,15 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
   if (params.mask.values == nullptr) return launch_kernel<Traits, mask::CausalOrNone>(params, stream);
   if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
   AttnFwdParams masked = params;
-  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN,
-                                          static_cast<uint8_t*>(params.workspace), stream);
+  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
   if (err != cudaSuccess) return err;
   return launch_kernel<Traits, mask::FromMemory>(masked, stream);
+}
+
+template <typename Element, int kHeadDim>
+TileShape fwd_tile() {
+  using Traits = typename FwdConfig<Element, kHeadDim>::Traits;
+  return {Traits::kBlockM, Traits::kBlockN};
 }
 
 template <typename Element, int kHeadDim>

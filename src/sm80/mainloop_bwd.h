@@ -8,6 +8,7 @@
 
 #include "params.h"
 #include "common/mask.h"
+#include "common/mask_apply.h"
 #include "common/mask_summary.h"
 #include "sm80/kernel_traits_bwd.h"
 #include "sm80/utils_bwd.h"
@@ -221,21 +222,10 @@ struct BwdMainloop {
       };
       if constexpr (mask::kReadsMemory<Policy>) {
         if (need_mask) {
-          // Mixed tiles: each score reads its mask byte (rows past len_q, keys past len_k hidden).
-          const mask::FromMemory& m = mask.policy;
-          const uint8_t* tile = m.values + m0 * m.row_stride + n0 * m.col_stride;
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            const int row = get<0>(coord(r, 0));
-            CUTE_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-              const int col = get<1>(coord(r, c));
-              const bool keep = m0 + row < m.len_q && n0 + col < m.len_k &&
-                                tile[row * m.row_stride + col * m.col_stride] != 0;
-              const float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
-              prob(r, c) = keep ? x : 0.f;
-            }
-          }
+          // Mixed tiles: P of the scores the mask hides becomes 0 (after the
+          // exp2: a hidden score of -inf times a negative scale would give inf).
+          exp_scores(cute::false_type{}, [](int) { return kN; });
+          mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, 0.f);
         } else {
           exp_scores(cute::false_type{}, [](int) { return kN; });
         }

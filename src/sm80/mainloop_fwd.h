@@ -107,8 +107,9 @@ struct FwdMainloop {
     const int m0 = m_block * kBlockM;
     const int n_last = mask.visited_at_or_below(m_block, mask.n_blocks(m_block).end - 1);
 
-    // A tile the mask hides entirely loads nothing (no copy in flight for the epilogue's reuse of Q's buffer).
-    if (n_last >= 0) {
+    // A tile the mask hides entirely loads nothing (no copy in flight for the
+    // epilogue's reuse of Q's buffer); a band always leaves a tile.
+    if (!mask::kReadsMemory<Policy> || n_last >= 0) {
       copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0);
       load_k(n_last, 0);
     }
@@ -140,7 +141,13 @@ struct FwdMainloop {
               at_stage(tSsK, stage), copy_q, copy_k);
       if (flip) negate_scores(acc_s);
       Tensor s = acc_rowcol(acc_s);
-      if (mask.needs_predicate(m_block, n_block)) mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
+      if (mask.needs_predicate(m_block, n_block)) {
+        if constexpr (mask::kReadsMemory<Policy>) {
+          mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
+        } else {
+          mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
+        }
+      }
       // With two stages V[n_block] is already on its way: do the softmax while it lands.
       if constexpr (kStages == 2) inexact |= softmax.template update_rows<kExact>(s, o, scale_log2);
 

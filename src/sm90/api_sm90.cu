@@ -1,10 +1,12 @@
 // Runtime (dtype, head dim) -> compiled sm90 instantiation. Compiled like the
 // rest of the library (no sm_90a code here), so it only names the launchers.
+#include <algorithm>
 #include <cstdint>
 
 #include "api.h"
 #include "dispatch.h"
 #include "kernel_info.h"
+#include "common/mask_summary.h"
 #include "common/workspace_bwd.h"
 #include "sm90/launch.h"
 
@@ -52,8 +54,16 @@ bool has_bwd(DType dtype, int head_dim) { return visit_bwd(dtype, head_dim, [](a
 // configuration fits (its launcher sets the size); the router needs no number.
 size_t smem_bytes_fwd(DType, int) { return 0; }
 size_t smem_bytes_bwd(DType, int) { return 0; }
-TileShape tile_fwd(DType, int) { return {}; }  // reads no mask
-TileShape tile_bwd(DType, int) { return {}; }
+TileShape tile_fwd(DType dtype, int head_dim) {
+  TileShape tile;
+  visit(dtype, head_dim, [&](auto element, auto d) { tile = fwd_tile<decltype(element), decltype(d)::value>(); });
+  return tile;
+}
+TileShape tile_bwd(DType dtype, int head_dim) {
+  TileShape tile;
+  visit_bwd(dtype, head_dim, [&](auto element, auto d) { tile = bwd_tile<decltype(element), decltype(d)::value>(); });
+  return tile;
+}
 
 bool can_run_fwd(const AttnFwdParams& p) {
   // Uniform lengths only (kernel_fwd.h's FwdKernelParams).
@@ -65,7 +75,15 @@ bool can_run_fwd(const AttnFwdParams& p) {
          strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
 }
 
-size_t fwd_workspace_bytes(const AttnFwdParams&) { return 0; }
+// attn_mask's tile summary (common/mask_summary.h) for the forward's tiles.
+size_t fwd_workspace_bytes(const AttnFwdParams& params) {
+  size_t bytes = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const TileShape tile = tile_fwd(dtype, params.head_dim);
+    if (tile.rows > 0) bytes = std::max(bytes, mask::summary_bytes(params, tile.rows, tile.keys));
+  }
+  return bytes;
+}
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {
   cudaError_t err = cudaErrorNotSupported;

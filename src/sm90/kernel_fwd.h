@@ -8,6 +8,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/mask.h"
+#include "common/mask_summary.h"
 #include "common/softmax.h"
 #include "params.h"
 #include "sm90/epilogue_fwd.h"
@@ -17,29 +18,40 @@
 namespace tfb {
 namespace sm90 {
 
-template <class Traits>
+template <class Traits, class Policy>
 struct FwdKernelParams {
-  typename FwdMainloop<Traits>::Params mainloop;
+  using Mask = typename FwdMainloop<Traits, Policy>::Mask;
+  typename FwdMainloop<Traits, Policy>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
   // Every batch's lengths and mask, read through the accessors below. The
   // family serves uniform lengths only (can_run_fwd refuses params.h's SeqLens),
-  // so the mask is built once on the host and the consumers read it from the
+  // so the band is built once on the host and the consumers read it from the
   // constant bank: built per tile from the lengths, it kept a few more
   // registers live through the mainloop and cost 2-3.5% at head dim 128 (H100,
-  // benchmarks/sm90_tiles A/B). Per-batch lengths change these two accessors.
+  // benchmarks/sm90_tiles A/B). Per-batch lengths change these accessors. A
+  // mask in memory differs per (batch, head): built per tile from mask_args.
   int len_q;
-  typename FwdMainloop<Traits>::Mask uniform_mask;
+  Mask uniform_mask;
+  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h)
   float scale;
 
   CUTE_DEVICE int seqlen_q(int /*batch*/) const { return len_q; }
-  CUTE_DEVICE typename FwdMainloop<Traits>::Mask const& mask(int /*batch*/) const { return uniform_mask; }
+  CUTE_DEVICE decltype(auto) mask(int batch, int head) const {
+    if constexpr (mask::kReadsMemory<Policy>) {
+      return Mask{mask::from_memory(mask_args, batch, head, uniform_mask.policy.len_q, uniform_mask.policy.len_k)};
+    } else {
+      return (uniform_mask);  // a reference, from the constant bank
+    }
+  }
 };
 
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits> const p) {
+// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+template <class Traits, class Policy>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy> const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Mainloop = FwdMainloop<Traits>;
+  using Mainloop = FwdMainloop<Traits, Policy>;
   using Epilogue = FwdEpilogue<Traits>;
   using Pipeline = typename Traits::Pipeline;
   using SharedStorage = typename Traits::SharedStorage;
@@ -91,7 +103,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) fwd_kernel(CUTE_GRID_CONS
       const auto tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       OnlineSoftmax<2> softmax;
-      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile.batch), tile.m_block,
+      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile.batch, tile.head), tile.m_block,
                         local_tile_count, thread_idx, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);
       // The softmax ran on negated scores when the scale is negative.

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernel_info.h"
 #include "params.h"
 
 namespace tfb {
@@ -14,6 +15,13 @@ template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream);
+
+// The tile a pass reads attn_mask in (kernel_info.h; {0, 0}: it reads none),
+// instantiated beside its launcher: the traits compile for sm_90a alone.
+template <typename Element, int kHeadDim>
+TileShape fwd_tile();
+template <typename Element, int kHeadDim>
+TileShape bwd_tile();
 
 }  // namespace sm90
 }  // namespace tfb

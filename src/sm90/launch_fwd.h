@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "common/mask_summary.h"
 #include "sm90/kernel_fwd.h"
 #include "sm90/kernel_traits_fwd.h"
 #include "api.h"
@@ -38,7 +39,9 @@ auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride
 
 }  // namespace detail
 
-template <class Traits>
+// Policy: mask.h CausalOrNone, or FromMemory for attn_mask (whose summary
+// `a` then points at: launch_fwd runs the pre-pass).
+template <class Traits, class Policy>
 cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   using Element = typename Traits::Element;
   if (a.head_dim != Traits::kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 ||
@@ -55,7 +58,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   // (an op's first CUDA work in a new thread), the encoder fails with
   // CUDA_ERROR_INVALID_CONTEXT, CuTe leaves the descriptor zero, and the kernel
   // dies on an illegal instruction. A runtime call first binds the context.
-  auto kernel = &fwd_kernel<Traits>;
+  auto kernel = &fwd_kernel<Traits, Policy>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -71,7 +74,15 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
 
-  FwdKernelParams<Traits> p{
+  using Mask = typename FwdKernelParams<Traits, Policy>::Mask;
+  Mask uniform_mask{};
+  if constexpr (mask::kReadsMemory<Policy>) {
+    uniform_mask.policy.len_q = a.len_q;  // the lengths; the rest per (batch, head) from mask_args
+    uniform_mask.policy.len_k = a.len_k;
+  } else {
+    uniform_mask = Mask{mask::causal_if(a.is_causal, a.len_q, a.len_k)};
+  }
+  FwdKernelParams<Traits, Policy> p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
@@ -81,7 +92,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
        mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
       a.len_q,
-      {mask::causal_if(a.is_causal, a.len_q, a.len_k)},
+      uniform_mask,
+      a.mask,
       a.scale};
 
   const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
@@ -89,15 +101,32 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The tile of masked calls (Traits; ShortCausalTraits serves causal calls alone).
+template <typename Element, int kHeadDim>
+TileShape fwd_tile() {
+  using Traits = typename FwdConfig<Element, kHeadDim>::Traits;
+  return {Traits::kBlockM, Traits::kBlockN};
+}
+
+// attn_mask: the pre-pass summarises it for the kernel's tiles into the
+// workspace (fwd_workspace_bytes), then the masked kernel runs.
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   using Config = FwdConfig<Element, kHeadDim>;
+  using Traits = typename Config::Traits;
+  if (params.mask.values != nullptr) {
+    if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
+    AttnFwdParams masked = params;
+    const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
+    if (err != cudaSuccess) return err;
+    return launch_fwd_with<Traits, mask::FromMemory>(masked, stream);
+  }
   if constexpr (!std::is_void_v<typename Config::ShortCausalTraits>) {
     if (params.is_causal && params.len_q <= Config::kShortCausalMaxLen) {
-      return launch_fwd_with<typename Config::ShortCausalTraits>(params, stream);
+      return launch_fwd_with<typename Config::ShortCausalTraits, mask::CausalOrNone>(params, stream);
     }
   }
-  return launch_fwd_with<typename Config::Traits>(params, stream);
+  return launch_fwd_with<Traits, mask::CausalOrNone>(params, stream);
 }
 
 }  // namespace sm90

@@ -33,13 +33,15 @@ enum class Barrier : int {
   kWarpgroupTurn = 4  // + consumer warpgroup index: whose turn it is to issue Q K^T
 };
 
-template <class Traits>
+// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory
+// (FromMemory), whose hidden key tiles both roles skip alike.
+template <class Traits, class Policy>
 struct FwdMainloop {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
   using PipelineState = typename cutlass::PipelineState<Traits::kStages>;
   using SharedStorage = typename Traits::SharedStorage;
-  using Mask = mask::TileWalk<Traits::kBlockM, Traits::kBlockN, mask::CausalOrNone>;
+  using Mask = mask::TileWalk<Traits::kBlockM, Traits::kBlockN, Policy>;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
@@ -54,8 +56,16 @@ struct FwdMainloop {
     float scale_log2;
   };
 
+  // The first key tile a query tile visits: the last its mask keeps, or tile
+  // 0 where it keeps none (whose scores the mask then hides, so that every
+  // query tile runs at least one step and its rows come out empty).
+  CUTE_DEVICE static int first_n_block(Mask const& mask, int m_block) {
+    const int n = mask.visited_at_or_below(m_block, mask.n_blocks(m_block).end - 1);
+    return n < 0 ? 0 : n;
+  }
+
   // Producer: runs on one thread of the producer warpgroup.
-  // masks: anything with mask(batch) -> Mask (the kernel's params).
+  // masks: anything with mask(batch, head) -> Mask (the kernel's params).
   template <class Scheduler, class Masks>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
                                Pipeline& pipeline_v, Scheduler const& scheduler, Masks const& masks) {
@@ -79,18 +89,20 @@ struct FwdMainloop {
       auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-      const int n_end = masks.mask(tile.batch).n_blocks(tile.m_block).end;
+      const Mask& mask = masks.mask(tile.batch, tile.head);
+      const int n_first = first_n_block(mask, tile.m_block);
       // The first K tile goes first: it waits for nothing, while Q waits
       // until the previous tile is done with Q's buffer.
       pipeline_k.producer_acquire(write);
-      copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_end - 1), tKsK(_, write.index()));
+      copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
       shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
       copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
       pipeline_v.producer_acquire(write);
-      copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_end - 1), tVsV(_, write.index()));
+      copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_first), tVsV(_, write.index()));
       ++write;
-      for (int n_block = n_end - 2; n_block >= 0; --n_block) {
+      for (int n_block = mask.visited_at_or_below(tile.m_block, n_first - 1); n_block >= 0;
+           n_block = mask.visited_at_or_below(tile.m_block, n_block - 1)) {
         pipeline_k.producer_acquire(write);
         copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
         pipeline_v.producer_acquire(write);
@@ -139,21 +151,28 @@ struct FwdMainloop {
       }
     };
     // With a separate O buffer, Q's buffer is free after this warpgroup's
-    // last Q K^T (key tile 0): the producer may load the next tile's Q.
-    auto release_q = [&](int n_block) {
+    // last Q K^T: the producer may load the next tile's Q.
+    auto release_q = [&](bool last) {
       if constexpr (Traits::kSeparateO) {
-        if (n_block == 0 && thread_idx % 128 == 0) shared.q_free.arrive();
+        if (last && thread_idx % 128 == 0) shared.q_free.arrive();
       }
     };
     auto mask_scores = [&](auto& acc_s, int n_block) {
       if (flip) negate_scores(acc_s);
       if (mask.needs_predicate(m_block, n_block)) {
-        mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+        if constexpr (mask::kReadsMemory<Policy>) {
+          Tensor s = acc_rowcol(acc_s);
+          Tensor coord = acc_rowcol(tScS);
+          mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
+        } else {
+          mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+        }
       }
     };
 
     clear(acc_o);
-    const int n_end = mask.n_blocks(m_block).end;
+    const int n_first = first_n_block(mask, m_block);
+    int n_next = mask.visited_at_or_below(m_block, n_first - 1);
     shared.q_full.wait(local_tile_count & 1);
     if constexpr (Traits::kQInRegisters) {  // once per query tile
       auto load_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
@@ -170,8 +189,8 @@ struct FwdMainloop {
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(read);
-    release_q(n_end - 1);
-    mask_scores(acc_s, n_end - 1);
+    release_q(n_next < 0);
+    mask_scores(acc_s, n_first);
     {
       Tensor s = acc_rowcol(acc_s);
       softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
@@ -184,7 +203,8 @@ struct FwdMainloop {
     // Each step issues S = Q K^T for the next key tile and O += P V for the
     // previous one back to back, then runs the softmax of the new S while
     // P V is still on the tensor cores; only the O rescale waits for it.
-    for (int n_block = n_end - 2; n_block >= 0; --n_block) {
+    for (int n_block = n_next; n_block >= 0; n_block = n_next) {
+      n_next = mask.visited_at_or_below(m_block, n_block - 1);
       pipeline_k.consumer_wait(read);
       turn_begin();
       wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
@@ -194,7 +214,7 @@ struct FwdMainloop {
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(read);
-      release_q(n_block);
+      release_q(n_next < 0);
       mask_scores(acc_s, n_block);
       Tensor s = acc_rowcol(acc_s);
       Tensor old_max = make_tensor_like(softmax.row_max);

@@ -3,4 +3,5 @@
 
 namespace tfb::decode {
 template cudaError_t launch_fwd<cutlass::bfloat16_t, 128>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::bfloat16_t, 128>();
 }  // namespace tfb::decode

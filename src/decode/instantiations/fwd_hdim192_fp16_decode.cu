@@ -3,4 +3,5 @@
 
 namespace tfb::decode {
 template cudaError_t launch_fwd<cutlass::half_t, 192>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::half_t, 192>();
 }  // namespace tfb::decode

@@ -3,4 +3,5 @@
 
 namespace tfb::decode {
 template cudaError_t launch_fwd<cutlass::half_t, 96>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::half_t, 96>();
 }  // namespace tfb::decode

@@ -3,4 +3,5 @@
 
 namespace tfb::sm80 {
 template cudaError_t launch_bwd<cutlass::bfloat16_t, 256>(const AttnBwdParams&, cudaStream_t);
+template TileShape bwd_tile<cutlass::bfloat16_t, 256>();
 }  // namespace tfb::sm80

@@ -3,4 +3,5 @@
 
 namespace tfb::sm80 {
 template cudaError_t launch_bwd<cutlass::half_t, 96>(const AttnBwdParams&, cudaStream_t);
+template TileShape bwd_tile<cutlass::half_t, 96>();
 }  // namespace tfb::sm80

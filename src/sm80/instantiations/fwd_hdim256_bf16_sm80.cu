@@ -3,4 +3,5 @@
 
 namespace tfb::sm80 {
 template cudaError_t launch_fwd<cutlass::bfloat16_t, 256>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::bfloat16_t, 256>();
 }  // namespace tfb::sm80

@@ -3,4 +3,5 @@
 
 namespace tfb::sm80 {
 template cudaError_t launch_fwd<cutlass::half_t, 64>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::half_t, 64>();
 }  // namespace tfb::sm80

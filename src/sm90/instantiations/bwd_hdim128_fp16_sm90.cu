@@ -3,4 +3,5 @@
 
 namespace tfb::sm90 {
 template cudaError_t launch_bwd<cutlass::half_t, 128>(const AttnBwdParams&, cudaStream_t);
+template TileShape bwd_tile<cutlass::half_t, 128>();
 }  // namespace tfb::sm90

@@ -3,4 +3,5 @@
 
 namespace tfb::sm90 {
 template cudaError_t launch_fwd<cutlass::bfloat16_t, 96>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::bfloat16_t, 96>();
 }  // namespace tfb::sm90
