@@ -2,6 +2,7 @@
 
     python benchmarks/bench_masks.py                      # every mask, fwd and fwd+bwd
     python benchmarks/bench_masks.py --masks window --modes fwd
+    python benchmarks/bench_masks.py --profile             # ours' kernels per call, the pre-pass apart
 
 bf16, E = 128, 16 heads, q/k/v as (B, L, H, E).transpose(1, 2); a boolean
 attn_mask (True = take part) as Hugging Face models pass it:
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_sdpa import make_inputs, time_in_turns
+from bench_sdpa import as_run, make_inputs, time_in_turns
 
 HEADS, E, WINDOW = 16, 128, 4096
 MASKS = {  # name: (batch, length)
@@ -76,16 +77,31 @@ def runner(backend, q, k, v, mask, causal, mode):
             ctx = contextlib.nullcontext() if PYTORCH[backend] is None else sdpa_kernel(PYTORCH[backend])
             with ctx:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    if mode == "fwd":
-        def run():
-            with torch.no_grad():
-                fwd()
-        return run
-    grad_out = torch.randn_like(q)
+    return as_run(fwd, q, k, v, mode)
 
-    def run():
-        torch.autograd.grad(fwd(), (q, k, v), grad_out)
-    return run
+
+def profile(args):
+    """Each of ours' kernels per masked call, µs of GPU time (medians over the profiled calls)."""
+    import torch_flash_backend as tfb
+
+    for mode in args.modes.split(","):
+        for kind in args.masks.split(","):
+            b, length = MASKS[kind]
+            q, k, v = make_inputs(b, HEADS, length, E, torch.bfloat16, mode == "fwdbwd")
+            mask = make_mask(kind, b, length)
+            run = runner("ours", q, k, v, mask, False, mode)
+            for _ in range(args.warmup):
+                run()
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.reps):
+                    run()
+                torch.cuda.synchronize()
+            print(f"{mode} {kind} (B {b}, L {length}): µs per call")
+            for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+                if e.device_time_total > 0:
+                    print(f"  {e.device_time_total / args.reps:9.1f}  x{e.count // args.reps}  {e.key[:100]}")
+            del q, k, v, mask
 
 
 def main(argv=None):
@@ -95,11 +111,15 @@ def main(argv=None):
     p.add_argument("--backends", default="ours,ours-plain,default,efficient,cudnn")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the table, ours' kernels per call (the mask pre-pass apart), torch.profiler")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_masks.py needs a CUDA GPU")
     import torch_flash_backend as tfb
 
+    if args.profile:
+        return profile(args)
     backends = args.backends.split(",")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, E {E}, {HEADS} heads, ms per call\n")
     cols = backends + ["ours/plain", "default/ours", "window target"]

@@ -134,7 +134,11 @@ def runner(backend, q, k, v, causal, mode):
         def fwd():
             with sdpa_kernel(BACKENDS[backend]):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    return as_run(fwd, q, k, v, mode)
 
+
+def as_run(fwd, q, k, v, mode):
+    """A closure running fwd() without grad ("fwd"), or fwd() and its backward ("fwdbwd")."""
     if mode == "fwd":
         def run():
             with torch.no_grad():
@@ -143,8 +147,7 @@ def runner(backend, q, k, v, causal, mode):
     grad_out = torch.randn_like(q)
 
     def run():
-        out = fwd()
-        torch.autograd.grad(out, (q, k, v), grad_out)
+        torch.autograd.grad(fwd(), (q, k, v), grad_out)
     return run
 
 
