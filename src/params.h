@@ -49,8 +49,8 @@ struct MaskArgs {
   int tile_kinds_n_blocks = 0;
   int tile_keys = 0;  // the key tile they were made for
   // The same pre-pass's copy of the mask, a bit per (row, key), in words of
-  // 64 keys from each key tile's start (common/mask.h FromMemory): bits_words
-  // words per row, (len_q, bits_words) planes.
+  // 64 keys from each key tile's start (common/mask.h FromMemory): planes of
+  // rows bits_words words apart (0: one row, a mask the same for every row).
   const uint64_t* bits = nullptr;
   int64_t bits_batch_stride = 0, bits_head_stride = 0;
   int bits_words = 0;

@@ -119,7 +119,7 @@ struct FromMemory {
   const uint8_t* tile_kinds;  // (m_blocks, n_blocks) row-major for the walk's tile shape
   int n_blocks;               // row stride of tile_kinds
   const uint64_t* bits;       // (len_q, words): key tile n's keys in words [n * tile_words, (n + 1) * tile_words)
-  int words;                  // row stride of bits
+  int words;                  // row stride of bits; 0 for a mask the same for every row
   int tile_keys;              // the walk's key tile
 
   TFB_HOST_DEVICE int key_begin(int) const { return 0; }

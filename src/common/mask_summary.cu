@@ -33,9 +33,11 @@ __device__ __forceinline__ uint32_t nonzero_bytes(uint32_t x) {
 // One tile: lanes take its 16-key pieces in turn, row by row, kBatch at a
 // time: all their loads first, then the bits (one load at a time, with 64-bit
 // index arithmetic, the pass read masks at 1.9-2.2 TB/s).
+// Bits are written for the tile's first write_rows rows (all, or the one row
+// of a mask that is the same for every row).
 template <bool kVectors>
 __device__ __forceinline__ void scan_tile(const SummaryArgs& a, const uint8_t* base, uint16_t* out, int rows,
-                                          int cols, int lane, bool& visible, bool& hidden) {
+                                          int write_rows, int cols, int lane, bool& visible, bool& hidden) {
   constexpr int kBatch = 4;
   const int pieces_per_row = a.shape.words * 4;
   const int pieces = (cols + 15) / 16;
@@ -75,7 +77,7 @@ __device__ __forceinline__ void scan_tile(const SummaryArgs& a, const uint8_t* b
       const int n = min(16, cols - c * 16);
       visible |= b16[j] != 0;
       hidden |= b16[j] != (1u << n) - 1;
-      out[int64_t(r) * pieces_per_row + c] = uint16_t(b16[j]);
+      if (r < write_rows) out[int64_t(r) * pieces_per_row + c] = uint16_t(b16[j]);
     }
   }
 }
@@ -94,12 +96,17 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
     const int rows = min(a.tile_m, a.len_q - row0), cols = min(a.tile_n, a.len_k - col0);
     const uint8_t* base = a.values + pb * a.batch_stride + ph * a.head_stride + row0 * a.row_stride + col0 * a.col_stride;
     // Key tile n_block's words in each row: 4 pieces of 16 keys per word.
-    uint16_t* out = a.bits + (plane * a.len_q + row0) * pieces_per_row + n_block * a.tile_words * 4;
+    const bool one_row = a.shape.bit_rows == 1;  // a mask the same for every row keeps row 0's bits
+    uint16_t* out = a.bits + (plane * a.shape.bit_rows + (one_row ? 0 : row0)) * pieces_per_row +
+                    n_block * a.tile_words * 4;
+    const int write_rows = one_row ? (m_block == 0 ? 1 : 0) : rows;
+    // A mask the same for every row: its first row says the tile's kind.
+    const int scan_rows = a.row_stride == 0 ? 1 : rows;
     bool visible = false, hidden = false;
     if (a.vectors) {
-      scan_tile<true>(a, base, out, rows, cols, lane, visible, hidden);
+      scan_tile<true>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden);
     } else {
-      scan_tile<false>(a, base, out, rows, cols, lane, visible, hidden);
+      scan_tile<false>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden);
     }
     visible = __any_sync(0xffffffffu, visible);
     hidden = __any_sync(0xffffffffu, hidden);
@@ -125,14 +132,14 @@ cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, c
   const int64_t blocks = std::min<int64_t>((shape.tiles() + 7) / 8, int64_t(1) << 20);
   summarize_kernel<<<unsigned(blocks), 256, 0, stream>>>(a);
   const int64_t kinds_plane = int64_t(shape.m_blocks) * shape.n_blocks;
-  const int64_t bits_plane = int64_t(shape.len_q) * shape.words;
+  const int64_t bits_plane = int64_t(shape.bit_rows) * shape.words;
   m.tile_kinds = kinds;
   m.tile_kinds_n_blocks = shape.n_blocks;
   m.tile_kinds_head_stride = shape.planes_h == 1 ? 0 : kinds_plane;
   m.tile_kinds_batch_stride = shape.planes_b == 1 ? 0 : kinds_plane * shape.planes_h;
   m.tile_keys = tile_n;
   m.bits = bits;
-  m.bits_words = shape.words;
+  m.bits_words = shape.bit_rows == 1 ? 0 : shape.words;  // row stride: 0 repeats row 0's bits
   m.bits_head_stride = shape.planes_h == 1 ? 0 : bits_plane;
   m.bits_batch_stride = shape.planes_b == 1 ? 0 : bits_plane * shape.planes_h;
   return cudaGetLastError();

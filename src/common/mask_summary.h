@@ -24,10 +24,11 @@ namespace mask {
 struct SummaryShape {
   int planes_b, planes_h;  // 1 where the mask broadcasts (stride 0), else batch / q heads
   int m_blocks, n_blocks;
-  int len_q, words;        // the bit planes: len_q rows of `words` 64-bit words (FromMemory)
+  int bit_rows, words;     // the bit planes: rows of `words` 64-bit words (FromMemory); one row
+                           // when the mask is the same for every row (row stride 0, a padding mask)
   TFB_HOST_DEVICE int64_t planes() const { return int64_t(planes_b) * planes_h; }
   TFB_HOST_DEVICE int64_t tiles() const { return planes() * m_blocks * n_blocks; }
-  TFB_HOST_DEVICE int64_t words_total() const { return planes() * len_q * words; }
+  TFB_HOST_DEVICE int64_t words_total() const { return planes() * bit_rows * words; }
   // Tile kinds first, padded to 16 bytes, then the bit planes.
   size_t kinds_bytes() const { return size_t(tiles() + 15) / 16 * 16; }
   size_t bytes() const { return kinds_bytes() + size_t(words_total()) * sizeof(uint64_t); }
@@ -36,7 +37,8 @@ struct SummaryShape {
 // tile_n: a multiple of 16 (the pre-pass packs 16 keys at a time).
 inline SummaryShape summary_shape(const AttnFwdParams& p, int tile_m, int tile_n) {
   return {p.mask.values_batch_stride == 0 ? 1 : p.batch, p.mask.values_head_stride == 0 ? 1 : p.heads_q,
-          (p.len_q + tile_m - 1) / tile_m, (p.len_k + tile_n - 1) / tile_n, p.len_q,
+          (p.len_q + tile_m - 1) / tile_m, (p.len_k + tile_n - 1) / tile_n,
+          p.mask.values_row_stride == 0 ? 1 : p.len_q,
           (p.len_k + tile_n - 1) / tile_n * FromMemory::tile_words(tile_n)};
 }
 
