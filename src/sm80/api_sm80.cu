@@ -44,22 +44,16 @@ size_t smem_bytes_bwd(DType dtype, int head_dim) {
   return bytes;
 }
 
+// The launchers' own (launch_fwd.h / launch_bwd.h fwd_tile, bwd_tile).
 TileShape tile_fwd(DType dtype, int head_dim) {
   TileShape tile;
-  visit_fwd(dtype, head_dim, [&](auto element, auto d) {
-    using Traits = typename FwdConfig<decltype(element), decltype(d)::value>::Traits;
-    tile = {Traits::kBlockM, Traits::kBlockN};
-  });
+  visit_fwd(dtype, head_dim, [&](auto element, auto d) { tile = fwd_tile<decltype(element), decltype(d)::value>(); });
   return tile;
 }
 
-// The configuration for parts with 227 KB a block (H100, H200).
 TileShape tile_bwd(DType dtype, int head_dim) {
   TileShape tile;
-  visit_bwd(dtype, head_dim, [&](auto element, auto d) {
-    using Traits = typename bwd::BwdConfig<decltype(element), decltype(d)::value>::Traits;
-    tile = {Traits::kBlockM, Traits::kBlockN};
-  });
+  visit_bwd(dtype, head_dim, [&](auto element, auto d) { tile = bwd_tile<decltype(element), decltype(d)::value>(); });
   return tile;
 }
 
@@ -77,10 +71,8 @@ bool can_run_bwd(const AttnBwdParams&) { return true; }
 size_t fwd_workspace_bytes(const AttnFwdParams& params) {
   size_t bytes = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    visit_fwd(dtype, params.head_dim, [&](auto element, auto d) {
-      using Traits = typename FwdConfig<decltype(element), decltype(d)::value>::Traits;
-      bytes = std::max(bytes, mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN));
-    });
+    const TileShape tile = tile_fwd(dtype, params.head_dim);
+    if (tile.rows > 0) bytes = std::max(bytes, mask::summary_bytes(params, tile.rows, tile.keys));
   }
   return bytes;
 }
