@@ -50,19 +50,24 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // attn_mask: SDPA's boolean mask (True = take part), broadcastable to
   // (B, Hq, L, S) and read in place; last, so that calls without one keep their
   // positions. The passes a family's registry entry lists in `masks` read it.
+  // bottom_right: is_causal's diagonal ends at the last key (row i sees keys
+  // j <= i + S - L, torch.nn.attention.bias.causal_lower_right, PyTorch's
+  // flash ops) instead of SDPA's top-left j <= i; rows before it see no key
+  // and give 0. The same band when L == S; nothing without is_causal.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, str? family=None,"
-      " str? backward_family=None, Tensor? attn_mask=None) -> (Tensor out, Tensor lse)");
+      " str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
-      " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None)"
-      " -> (Tensor dq, Tensor dk, Tensor dv)");
+      " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None,"
+      " bool bottom_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.
   m.def(
       "route_sdpa(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0,"
-      " bool is_causal=False, float? scale=None, bool enable_gqa=False, bool strict=False) -> Tensor");
+      " bool is_causal=False, float? scale=None, bool enable_gqa=False, bool strict=False,"
+      " bool bottom_right=False) -> Tensor");
   // The compiled CUDA kernel instantiations, a line each: "sm80_fwd_bf16_hdim128
   // family=sm80 pass=fwd ..." (torch_flash_backend/_library.py reads them).
   m.def("built_kernels() -> str[]", &built_kernels);

@@ -239,14 +239,15 @@ at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                     std::optional<double>, bool, std::optional<c10::string_view>,
                                                     std::optional<c10::string_view>,
-                                                    const std::optional<at::Tensor>&)>();
+                                                    const std::optional<at::Tensor>&, bool)>();
   const std::optional<c10::string_view> family = c10::string_view(entry.family);
   const std::optional<c10::string_view> backward_family =
       entry.backward_family.empty() ? std::nullopt : std::optional<c10::string_view>(entry.backward_family);
-  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask));
+  // SDPA's is_causal: top-left.
+  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask, false));
   // Nothing to differentiate: skip the op's autograd formula (a Python kernel).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask));
+  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask, false));
 }
 
 // Clears `pending` however the router returns.
@@ -285,9 +286,9 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
                                 .findSchemaOrThrow("torch_flash_backend::route_sdpa", "")
                                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                   const std::optional<at::Tensor>&, double, bool,
-                                                  std::optional<double>, bool, bool)>();
+                                                  std::optional<double>, bool, bool, bool)>();
   Deciding deciding(cache_key);
-  return route.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, frame.strict);
+  return route.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, frame.strict, false);
 }
 
 }  // namespace

@@ -27,15 +27,16 @@ from torch_flash_backend import _router, testing
 ops = torch.ops.torch_flash_backend
 
 
-def fwd(q, k, v, scale, causal):
+def fwd(q, k, v, scale, causal, bottom_right=False):
     """The forward op with the family the pinned families choose (the ops read no setting)."""
-    return ops.fwd(q, k, v, scale, causal, _router.pinned_families(q, k, v, needs_grad=False)[0])
+    return ops.fwd(q, k, v, scale, causal, _router.pinned_families(q, k, v, needs_grad=False)[0],
+                   bottom_right=bottom_right)
 
 
-def bwd(dout, q, k, v, out, lse, scale, causal):
+def bwd(dout, q, k, v, out, lse, scale, causal, bottom_right=False):
     """The backward op with the family the pinned families choose."""
     family = _router.pinned_families(q, k, v, needs_grad=True)[1]
-    return ops.bwd(dout, q, k, v, out, lse, scale, causal, family)
+    return ops.bwd(dout, q, k, v, out, lse, scale, causal, family, bottom_right=bottom_right)
 
 
 def grid(head_dims):
@@ -46,13 +47,14 @@ def grid(head_dims):
             if dtype == torch.bfloat16:
                 shapes.append((2, 8, 1100, 300))  # 144 query tiles of 128 rows
             for (b, h, l, s) in shapes:
-                for causal in (False, True):
+                # causal both ways; bottom-right with L > S leaves query tiles that see no key
+                for causal, bottom_right in ((False, False), (True, False), (True, l != s)):
                     q = torch.randn(b, h, l, e, device="cuda", dtype=dtype)
                     k = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
                     v = torch.randn(b, 2, s, e, device="cuda", dtype=dtype)
-                    out, lse = fwd(q, k, v, None, causal)
+                    out, lse = fwd(q, k, v, None, causal, bottom_right)
                     if l < 1000:  # the small shapes cover the backward
-                        bwd(torch.randn_like(out), q, k, v, out, lse, None, causal)
+                        bwd(torch.randn_like(out), q, k, v, out, lse, None, causal, bottom_right)
     torch.cuda.synchronize()
 
 
@@ -79,7 +81,7 @@ def edges(e):
 
 
 def decode(head_dims):
-    """The decode family: one split and several, GQA-packed rows, causal, a cache
+    """The decode family: one split and several, GQA-packed rows, causal (both alignments), a cache
     read past its use; boolean masks (a cache in use up to a length per batch row,
     a random one per head with a row that sees nothing, one with its keys strided)."""
     if not any(n.startswith("decode_fwd") for n in tfb.built_kernels()):
@@ -92,6 +94,7 @@ def decode(head_dims):
             v = torch.randn(2, 2, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
             ops.fwd(q, k, v, None, causal, "decode")
             if causal:
+                ops.fwd(q, k, v, None, causal, "decode", bottom_right=True)
                 continue
             used = torch.tensor([s, max(1, s // 3)], device="cuda")
             masks = [torch.arange(s, device="cuda")[None, None, None, :] < used[:, None, None, None],

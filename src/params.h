@@ -92,7 +92,7 @@ struct AttnFwdParams {
   float scale;       // softmax scale applied to q.k
   float scale_log2;  // scale * log2(e), the kernels using exp2; at least FLT_MIN in magnitude
                      // (masked scores are -inf, and -inf * 0 is NaN)
-  bool is_causal;    // top-left aligned: row i sees keys j <= i
+  bool is_causal;    // row i sees keys j <= i (top-left), or j <= i + len_k - len_q (mask.bottom_right)
 
   int num_sms;  // of the device the launch targets
 

@@ -11,23 +11,26 @@ _ops = torch.ops.torch_flash_backend
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal, _family, backward_family, attn_mask = inputs
+    q, k, v, scale, is_causal, _family, backward_family, attn_mask, bottom_right = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
-    ctx.scale, ctx.is_causal, ctx.backward_family = scale, is_causal, backward_family
+    ctx.scale, ctx.is_causal, ctx.backward_family, ctx.bottom_right = scale, is_causal, backward_family, bottom_right
 
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
-    masked = {} if attn_mask is None else {"attn_mask": attn_mask}  # backward graphs without one read as before
+    # Arguments at their defaults stay out, so that backward graphs without them read as before.
+    extra = {} if attn_mask is None else {"attn_mask": attn_mask}
+    if ctx.bottom_right:
+        extra["bottom_right"] = True
     family = ctx.backward_family
     # A named family runs the call or raises: a gradient broadcast with stride 0
     # is made dense for one that cannot read it (TMA).
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, out, lse, ctx.scale,
-                          ctx.is_causal, family, **masked)
+                          ctx.is_causal, family, **extra)
     # A boolean mask has no gradient.
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 def _no_double_backward(ctx, *grads):

@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import _router, _stats
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
+from ._causal import CausalBias, bottom_right_of, causal_flags, lower_right
 
 _ops = torch.ops.torch_flash_backend
 
@@ -85,7 +86,10 @@ def _exporting() -> bool:
 
 def _route_op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
               *, strict):
-    return _ops.route_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict)
+    attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "scaled_dot_product_attention")
+    # bottom_right only when set, so that graphs without it read as before.
+    extra = {"bottom_right": True} if bottom_right else {}
+    return _ops.route_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, **extra)
 
 
 _local = threading.local()
@@ -125,8 +129,8 @@ def _modes() -> list:
     return modes
 
 
-def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback):
-    decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback, bottom_right=False):
+    decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
     _stats.count(decision)
     if type(q) is torch.Tensor and not torch.compiler.is_compiling():
         # Kept by the dispatcher-level switch for the next eager call with this
@@ -135,9 +139,11 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, 
                               _stats.line_id(decision))
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
-        # attn_mask only when given, so that graphs without one read as before.
-        masked = {} if attn_mask is None else {"attn_mask": attn_mask}
-        return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family, **masked)[0]
+        # attn_mask and bottom_right only when given, so that graphs without them read as before.
+        extra = {} if attn_mask is None else {"attn_mask": attn_mask}
+        if bottom_right:
+            extra["bottom_right"] = True
+        return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family, **extra)[0]
     if strict:
         raise UnsupportedError(decision.reason)
     logger.debug("scaled_dot_product_attention falls back to PyTorch SDPA: %s", decision.reason)
@@ -146,7 +152,9 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, 
 
 def _route_for_export(func, args, kwargs, strict):
     def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        return _route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback)
+        attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "scaled_dot_product_attention")
+        return _route(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback,
+                      bottom_right)
 
     def fallback():
         _local.decided = True  # the dispatcher-level kernel must not decide (and count) again
@@ -172,8 +180,16 @@ def _pytorch_sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     return _SDPA.decompose(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def _pytorch_lower_right(q, k, v, dropout_p, scale, enable_gqa):
+    return _pytorch_causal_bias(q, k, v, lower_right(q, k), dropout_p, False, scale, enable_gqa)
+
+
 def _route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-                strict=False):
+                strict=False, bottom_right=False):
+    if bottom_right:  # a CausalBias made by causal_lower_right (_route_op)
+        args = (query, key, value, dropout_p, scale, enable_gqa)
+        return _route(query, key, value, None, dropout_p, True, scale, enable_gqa, strict,
+                      fallback=lambda: _pytorch_lower_right(*args), bottom_right=True)
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if getattr(_local, "decided", False):
         return _pytorch_sdpa(*args)
@@ -186,6 +202,35 @@ def _route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
         return _pytorch_sdpa(*args)
     return _route(*args, strict, fallback=lambda: _pytorch_sdpa(*args))
 
+
+# A CausalBias attn_mask runs F.scaled_dot_product_attention itself (its
+# __torch_function__, CausalBias._dispatch): an upper-left or square one as SDPA
+# with is_causal=True, which reaches the switch; a lower-right one of unequal
+# lengths through PyTorch's flash or efficient ops, past it. So enable() routes
+# the latter here: CausalBias._dispatch is replaced, once, by one that routes
+# them inside enable() and calls PyTorch's own everywhere else.
+_pytorch_causal_bias = CausalBias._dispatch
+_STRICT_OF_MARK = {dtype: strict for (strict, _log), dtype in _MARK_DTYPES.items()}
+
+
+def _eager_strict() -> bool | None:
+    """The strictness of this thread's innermost eager enable(), None outside one."""
+    if not torch.is_autocast_enabled(_MARK_DEVICE):
+        return None
+    return _STRICT_OF_MARK.get(torch.get_autocast_dtype(_MARK_DEVICE))
+
+
+def _causal_bias_dispatch(query, key, value, attn_mask, dropout_p=0.0, is_causal=False, scale=None,
+                          enable_gqa=False):
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    strict = _eager_strict()
+    if strict is None or is_causal or getattr(_local, "decided", False) or not bottom_right_of(attn_mask):
+        return _pytorch_causal_bias(*args)
+    return _route(query, key, value, None, dropout_p, True, scale, enable_gqa, strict,
+                  fallback=lambda: _pytorch_causal_bias(*args), bottom_right=True)
+
+
+CausalBias._dispatch = staticmethod(_causal_bias_dispatch)
 
 # The decision, as route_sdpa's kernel: reached from csrc/routing.cpp in eager
 # code and from compiled graphs (_Routing), on every device and autograd key.
@@ -304,7 +349,8 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     call, .tiles_skipped is the share of the forward kernel's tiles the mask
     hides entirely (which the kernel skips); it reads the mask (a device sync).
     """
-    decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "explain")
+    decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
     if (decision.served and attn_mask is not None and q.device.type == "cuda"
             and type(attn_mask) is torch.Tensor and attn_mask.dtype == torch.bool):
         decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))

@@ -15,7 +15,8 @@ def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
 
 
 @torch.library.register_fake("torch_flash_backend::fwd")
-def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family=None, attn_mask=None):
+def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family=None, attn_mask=None,
+              bottom_right=False):
     check_inputs(q, k, v, scale)
     check_mask(attn_mask, q, k)
     b, h, length, e = q.shape
@@ -23,7 +24,8 @@ def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family
 
 
 @torch.library.register_fake("torch_flash_backend::bwd")
-def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=None, attn_mask=None):
+def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=None, attn_mask=None,
+              bottom_right=False):
     check_inputs(q, k, v, scale)
     check_mask(attn_mask, q, k)
     b, hq, length, e = q.shape

@@ -83,15 +83,13 @@ def _unsupported(backward: bool, cum_seq_q=None, cum_seq_k=None, return_debug_ma
 def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> str | None:
     """The kernel family that serves the call (the backward's when backward), or None;
     q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
-    calls are. PyTorch's flash kernels align a causal mask with L != S
-    bottom-right, ours top-left: such calls stay with PyTorch."""
+    calls are. PyTorch's flash ops align is_causal bottom-right (the ops'
+    bottom_right=True, which the kernels here are given)."""
     if q.dim() != 4 or k.dim() != 4:
         decision = _router.Decision(False, None, "inputs are not 4-D")
-    elif is_causal and q.size(2) != k.size(2):
-        decision = _router.Decision(False, None, "causal with L != S: PyTorch's flash kernels align it "
-                                                 "bottom-right, ours top-left")
     else:
-        decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward)
+        decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward,
+                                  bottom_right=True)
     _count(decision, backward)
     if not decision.served:
         return None
@@ -118,7 +116,7 @@ def _rng_placeholders(query: torch.Tensor):
 
 def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family):
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, kernel_friendly(out), lse, scale,
-                          is_causal, family)
+                          is_causal, family, bottom_right=True)
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 
@@ -131,7 +129,7 @@ def _make_kernels(original):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
             family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False)
             if family is not None:
-                out, lse = _ops.fwd(q, k, v, scale, is_causal, family)
+                out, lse = _ops.fwd(q, k, v, scale, is_causal, family, bottom_right=True)
                 return _like(out.transpose(1, 2), query), lse, *_rng_placeholders(query)
         return original["_flash_attention_forward"].call_boxed(
             keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -158,7 +156,7 @@ def _make_kernels(original):
         family = (None if _unsupported(False, return_debug_mask=return_debug_mask)
                   else _serves(query, key, value, dropout_p, is_causal, scale, backward=False))
         if family is not None:
-            out, lse = _ops.fwd(query, key, value, scale, is_causal, family)
+            out, lse = _ops.fwd(query, key, value, scale, is_causal, family, bottom_right=True)
             seed, offset, debug_mask = _rng_placeholders(query)
             return _like(out, query), lse, None, None, query.size(2), key.size(2), seed, offset, debug_mask
         return original["_scaled_dot_product_flash_attention"].call_boxed(

@@ -198,7 +198,7 @@ _decisions: dict = {}
 _DECISIONS_MAX = 4096
 
 
-def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad):
+def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right):
     """What decide() reads of a call, as a dict key: plain eager tensors' metadata
     and the settings; None for anything else (FakeTensors and subclasses while
     tracing, masks, nested tensors), which decide() then reads afresh."""
@@ -210,27 +210,31 @@ def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_gr
         return None
     meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, VECTOR_BYTES // t.element_size()), t.dtype,
                   t.device) for t in (q, k, v))
-    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, probe.generation,
+    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, probe.generation,
             os.environ.get(FAMILIES_ENV, ""))
 
 
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-           *, needs_grad: bool | None = None) -> Decision:
+           *, needs_grad: bool | None = None, bottom_right: bool = False) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
-    Raises (check_sdpa_args) for arguments PyTorch's SDPA would reject too.
+    bottom_right: is_causal aligned with the last key (a CausalBias made by
+    causal_lower_right, PyTorch's flash ops; _causal.py), which every family
+    serves as it serves top-left. Raises (check_sdpa_args) for arguments
+    PyTorch's SDPA would reject too.
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad). A call whose metadata and settings were decided before gets
     that decision back (the decision reads nothing else; scale never changes it).
     """
     if needs_grad is None and type(q) is type(k) is type(v) is torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad)
+    bottom_right = bool(bottom_right and is_causal)
+    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right)
     if key is not None:
         decision = _decisions.get(key)
         if decision is not None:
             return decision
-    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad)
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right)
     if key is not None:
         if len(_decisions) >= _DECISIONS_MAX:
             _decisions.clear()
@@ -238,7 +242,7 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     return decision
 
 
-def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad) -> Decision:
+def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right) -> Decision:
     check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
@@ -282,7 +286,8 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return _fallback(DECODE_REASON)
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    detail = f"{dtype_name}, head dim {e}" + (", causal" if is_causal else "") + (
+    causal = ", causal (bottom-right)" if bottom_right and length != s else ", causal" if is_causal else ""
+    detail = f"{dtype_name}, head dim {e}" + causal + (
         f", GQA {hq}:{hkv}" if hq != hkv else "") + (", boolean attn_mask" if masked else "")
     if on_cpu:
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"

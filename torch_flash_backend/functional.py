@@ -3,6 +3,7 @@ import torch
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _router
+from ._causal import causal_flags
 from ._checks import check_inputs, check_mask
 
 _ops = torch.ops.torch_flash_backend
@@ -17,7 +18,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     the other: causal masking is top-left aligned, ``scale=None`` means
     1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
     ``enable_gqa=True``; a boolean ``attn_mask`` (True = take part) broadcasts
-    to (B, Hq, L, S) and is read in place, the tiles it hides skipped. No
+    to (B, Hq, L, S) and is read in place, the tiles it hides skipped; a
+    ``CausalBias`` (``torch.nn.attention.bias.causal_lower_right`` /
+    ``causal_upper_left``) is causal masking of that alignment. No
     routing: what the kernels do not support (``dropout_p > 0``, additive
     masks) raises, naming the argument, instead of falling back. The kernels are the registry's first that run the call,
     within the families ``TFB_KERNEL_FAMILIES`` allows.
@@ -28,6 +31,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         raise TypeError(f"flash_attn: is_causal must be a bool, got {type(is_causal).__name__}")
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"flash_attn: enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "flash_attn")
     check_inputs(q, k, v, scale)
     if q.size(1) != k.size(1) and not enable_gqa:
         raise ValueError(f"flash_attn: q has {q.size(1)} heads but k/v have {k.size(1)}; pass enable_gqa=True "
@@ -37,6 +41,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
     family, backward_family = _router.pinned_families(q, k, v, masked=attn_mask is not None)
-    masked = {} if attn_mask is None else {"attn_mask": attn_mask}
+    extra = {} if attn_mask is None else {"attn_mask": attn_mask}
+    if bottom_right:
+        extra["bottom_right"] = True
     return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family,
-                    **masked)[0]
+                    **extra)[0]

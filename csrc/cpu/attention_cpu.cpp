@@ -134,9 +134,10 @@ TFB_VECTOR_CLONES void matmul_acc(const float* a, int64_t lda, const float* b, i
 }
 
 // The kernels' mask rule (src/common/mask.h), for SDPA's is_causal: top-left
-// aligned, whatever L and S are.
-tfb::mask::CausalOrNone band_of(bool is_causal, const AttnShape& s) {
-  return tfb::mask::causal_if(is_causal, static_cast<int>(s.len_q), static_cast<int>(s.len_k));
+// aligned whatever L and S are, or bottom-right with bottom_right.
+using Band = tfb::mask::CausalOrNone;
+Band band_of(bool is_causal, bool bottom_right, const AttnShape& s) {
+  return tfb::mask::causal_if(is_causal, bottom_right, static_cast<int>(s.len_q), static_cast<int>(s.len_k));
 }
 
 // Keys of a block starting at k0 that query row i sees (the band has no left
@@ -199,8 +200,7 @@ void softmax_step(float* s, int64_t visible, int64_t width, float scale, float& 
 
 template <typename T>
 void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                const at::Tensor& lse, const AttnShape& s, float scale, bool is_causal, const MaskView& mask) {
-  const auto band = band_of(is_causal, s);
+                const at::Tensor& lse, const AttnShape& s, float scale, const Band& band, const MaskView& mask) {
   const Rows<const T> Q(q), K(k), V(v);
   const Rows<T> O(out);
   float* lse_data = lse.data_ptr<float>();
@@ -269,8 +269,7 @@ void bwd_delta(const at::Tensor& grad_out, const at::Tensor& out, float* delta, 
 template <typename T>
 void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const float* lse, const float* delta, const at::Tensor& dq, const AttnShape& s, float scale,
-                   bool is_causal, const MaskView& mask) {
-  const auto band = band_of(is_causal, s);
+                   const Band& band, const MaskView& mask) {
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dQ(dq);
   const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
@@ -325,8 +324,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
 template <typename T>
 void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const float* lse, const float* delta, const at::Tensor& dk, const at::Tensor& dv,
-                     const AttnShape& s, float scale, bool is_causal, const MaskView& mask) {
-  const auto band = band_of(is_causal, s);
+                     const AttnShape& s, float scale, const Band& band, const MaskView& mask) {
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dK(dk), dV(dv);
   const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
@@ -403,7 +401,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            std::optional<double> scale, bool is_causal,
                                            std::optional<c10::string_view> family,
                                            std::optional<c10::string_view> backward_family,
-                                           const std::optional<at::Tensor>& attn_mask) {
+                                           const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
   check_family(family);
   check_family(backward_family);
   const AttnShape s = check_qkv(q, k, v);
@@ -413,7 +411,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   if (is_empty_problem(s)) return {out, lse};
   const float sm_scale = static_cast<float>(softmax_scale(scale, s.head_dim));
   dispatch_dtype(q.scalar_type(), [&](auto element) {
-    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, is_causal, mask);
+    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, band_of(is_causal, bottom_right, s), mask);
   });
   return {out, lse};
 }
@@ -423,7 +421,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
                                                        const at::Tensor& out, const at::Tensor& lse,
                                                        std::optional<double> scale, bool is_causal,
                                                        std::optional<c10::string_view> family,
-                                                       const std::optional<at::Tensor>& attn_mask) {
+                                                       const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
   check_family(family);
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
@@ -433,12 +431,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
   if (is_empty_problem(s)) return {dq, dk, dv};
   const float sm_scale = static_cast<float>(softmax_scale(scale, s.head_dim));
   at::Tensor delta = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
+  const Band band = band_of(is_causal, bottom_right, s);
   dispatch_dtype(q.scalar_type(), [&](auto element) {
     using T = decltype(element);
     bwd_delta<T>(grad_out, out, delta.data_ptr<float>(), s);
-    bwd_dq_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dq, s, sm_scale, is_causal, mask);
+    bwd_dq_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dq, s, sm_scale, band, mask);
     bwd_dkdv_kernel<T>(grad_out, q, k, v, lse.data_ptr<float>(), delta.data_ptr<float>(), dk, dv, s, sm_scale,
-                       is_causal, mask);
+                       band, mask);
   });
   return {dq, dk, dv};
 }

@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                                             std::optional<double> scale, bool is_causal,
                                             std::optional<c10::string_view> family,
                                             std::optional<c10::string_view> /*backward_family: autograd's*/,
-                                            const std::optional<at::Tensor>& attn_mask) {
+                                            const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
   const AttnShape s = check_qkv(q, k, v);
   const at::Tensor mask = check_mask(attn_mask, q, s);
   c10::cuda::CUDAGuard guard(q.device());
@@ -67,6 +67,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   check_vector_aligned(v, "v");
   AttnFwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
+  p.mask.bottom_right = bottom_right;
   fill_mask(p, mask);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   const at::Tensor workspace = attach_workspace(chosen, p, q);
@@ -81,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
                                                         const at::Tensor& out, const at::Tensor& lse,
                                                         std::optional<double> scale, bool is_causal,
                                                         std::optional<c10::string_view> family,
-                                                        const std::optional<at::Tensor>& attn_mask) {
+                                                        const std::optional<at::Tensor>& attn_mask,
+                                                        bool bottom_right) {
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
   const at::Tensor mask = check_mask(attn_mask, q, s);
@@ -98,6 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   check_vector_aligned(grad_out, "grad_out");
   AttnBwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
+  p.mask.bottom_right = bottom_right;
   fill_mask(p, mask);
   fill_bwd(p, grad_out, dq, dk, dv);
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);

@@ -93,9 +93,11 @@ TFB_HOST_DEVICE CausalOrNone causal_top_left(int len_q, int len_k) { return {len
 TFB_HOST_DEVICE CausalOrNone causal_bottom_right(int len_q, int len_k) {
   return {len_q, len_k, -kUnbounded, band_offset(len_k - len_q, 1)};
 }
-// SDPA's is_causal flag: top-left aligned.
-TFB_HOST_DEVICE CausalOrNone causal_if(bool is_causal, int len_q, int len_k) {
-  return is_causal ? causal_top_left(len_q, len_k) : no_mask(len_q, len_k);
+// SDPA's is_causal flag: top-left aligned, or bottom-right with
+// bottom_right (causal_lower_right; the same band when len_q == len_k).
+TFB_HOST_DEVICE CausalOrNone causal_if(bool is_causal, bool bottom_right, int len_q, int len_k) {
+  if (!is_causal) return no_mask(len_q, len_k);
+  return bottom_right ? causal_bottom_right(len_q, len_k) : causal_top_left(len_q, len_k);
 }
 // Row i sees keys [i + diag - left, i + diag + right]; kUnbounded opens a side.
 TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right, int diag) {

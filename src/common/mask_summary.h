@@ -75,7 +75,7 @@ TFB_HOST_DEVICE Policy policy_of(const AttnFwdParams& p, int b, int h, int len_q
   if constexpr (kReadsMemory<Policy>) {
     return from_memory(p, b, h, len_q, len_k);
   } else {
-    return causal_if(p.is_causal, len_q, len_k);
+    return causal_if(p.is_causal, p.mask.bottom_right, len_q, len_k);
   }
 }
 

@@ -107,9 +107,9 @@ struct FwdMainloop {
     const int m0 = m_block * kBlockM;
     const int n_last = mask.visited_at_or_below(m_block, mask.n_blocks(m_block).end - 1);
 
-    // A tile the mask hides entirely loads nothing (no copy in flight for the
-    // epilogue's reuse of Q's buffer); a band always leaves a tile.
-    if (!mask::kReadsMemory<Policy> || n_last >= 0) {
+    // A tile the mask hides entirely (or whose rows all precede a bottom-right
+    // diagonal) loads nothing: no copy in flight for the epilogue's reuse of Q's buffer.
+    if (n_last >= 0) {
       copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0);
       load_k(n_last, 0);
     }

@@ -69,7 +69,7 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
       n_blocks,
       std::max(1, a.num_sms / n_blocks),  // a group's CTAs fill the SMs about once
       a.len_k,
-      {mask::causal_if(a.is_causal, a.len_q, a.len_k)},
+      {mask::causal_if(a.is_causal, a.mask.bottom_right, a.len_q, a.len_k)},
       a.scale,
       static_cast<Element*>(a.dk),
       static_cast<Element*>(a.dv),

@@ -80,7 +80,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
     uniform_mask.policy.len_q = a.len_q;  // the lengths; the rest per (batch, head) from mask_args
     uniform_mask.policy.len_k = a.len_k;
   } else {
-    uniform_mask = Mask{mask::causal_if(a.is_causal, a.len_q, a.len_k)};
+    uniform_mask = Mask{mask::causal_if(a.is_causal, a.mask.bottom_right, a.len_q, a.len_k)};
   }
   FwdKernelParams<Traits, Policy> p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
