@@ -507,6 +507,94 @@ def test_aoti_cpp_runner_fails_loudly(aoti_runner, aoti):
     assert no_ops.returncode == 1 and "torch_flash_backend" in no_ops.stderr, no_ops.stdout + no_ops.stderr
 
 
+# --------------------------------------- export and AOTInductor with a mask input
+
+
+class MaskedAttention(Attention):
+    """The same projections with a boolean attn_mask input (a padded batch's), not causal."""
+
+    def forward(self, x, mask):
+        b, length, _ = x.shape
+        q = self.q_proj(x).view(b, length, HEADS, HEAD_DIM).transpose(1, 2)
+        k = self.k_proj(x).view(b, length, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        v = self.v_proj(x).view(b, length, KV_HEADS, HEAD_DIM).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, length, -1))
+
+
+def padding_mask(device, valid):
+    """(B, 1, 1, L): batch row i sees its first valid[i] keys."""
+    return (torch.arange(L, device=device)[None] < torch.tensor(valid, device=device)[:, None])[:, None, None]
+
+
+@pytest.fixture(scope="module")
+def exported_masked(device):
+    torch.manual_seed(0)
+    model = MaskedAttention().to(device=device, dtype=_dtype(device))
+    x = torch.randn(B, L, HEADS * HEAD_DIM, device=device, dtype=_dtype(device))
+    mask = padding_mask(device, [L, 17])
+    with contextlib.ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(testing.route_cpu())
+        ep = torch.export.export(tfb.enable(strict=True)(model), (x, mask))
+    other = padding_mask(device, [9, L])  # another mask of the same shape, for the programs
+    with routed(device):
+        expected = [model(x, m) for m in (mask, other)]
+    return types.SimpleNamespace(ep=ep, x=x, masks=(mask, other), expected=expected)
+
+
+def test_exported_masked_graph(exported_masked):
+    expecttest.assert_expected_inline(graph_text(exported_masked.ep.graph_module), """\
+class GraphModule(torch.nn.Module):
+    def forward(self, p_module_q_proj_weight: "f32[256, 256]", p_module_k_proj_weight: "f32[128, 256]", p_module_v_proj_weight: "f32[128, 256]", p_module_o_proj_weight: "f32[256, 256]", x: "f32[2, 24, 256]", mask: "b8[2, 1, 1, 24]"):
+        linear: "f32[2, 24, 256]" = torch.ops.aten.linear.default(x, p_module_q_proj_weight);  p_module_q_proj_weight = None
+
+        view: "f32[2, 24, 4, 64]" = torch.ops.aten.view.default(linear, [2, 24, 4, 64]);  linear = None
+        transpose: "f32[2, 4, 24, 64]" = torch.ops.aten.transpose.int(view, 1, 2);  view = None
+
+        linear_1: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_module_k_proj_weight);  p_module_k_proj_weight = None
+
+        view_1: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(linear_1, [2, 24, 2, 64]);  linear_1 = None
+        transpose_1: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_1, 1, 2);  view_1 = None
+
+        linear_2: "f32[2, 24, 128]" = torch.ops.aten.linear.default(x, p_module_v_proj_weight);  x = p_module_v_proj_weight = None
+
+        view_2: "f32[2, 24, 2, 64]" = torch.ops.aten.view.default(linear_2, [2, 24, 2, 64]);  linear_2 = None
+        transpose_2: "f32[2, 2, 24, 64]" = torch.ops.aten.transpose.int(view_2, 1, 2);  view_2 = None
+
+        fwd = torch.ops.torch_flash_backend.fwd.default(transpose, transpose_1, transpose_2, None, False, '<family>', '<family>', mask);  transpose = transpose_1 = transpose_2 = mask = None
+        getitem: "f32[2, 4, 24, 64]" = fwd[0]
+        getitem_1: "f32[2, 4, 24]" = fwd[1];  fwd = getitem_1 = None
+
+        transpose_3: "f32[2, 24, 4, 64]" = torch.ops.aten.transpose.int(getitem, 1, 2);  getitem = None
+        reshape: "f32[2, 24, 256]" = torch.ops.aten.reshape.default(transpose_3, [2, 24, -1]);  transpose_3 = None
+
+        linear_3: "f32[2, 24, 256]" = torch.ops.aten.linear.default(reshape, p_module_o_proj_weight);  reshape = p_module_o_proj_weight = None
+        return (linear_3,)
+""")
+
+
+def test_exported_masked_module_reads_its_mask_input(exported_masked, device):
+    assert (exported_masked.expected[0] - exported_masked.expected[1]).abs().max() > 0.1  # the masks matter
+    for mask, expected in zip(exported_masked.masks, exported_masked.expected):
+        assert_close(exported_masked.ep.module()(exported_masked.x, mask), expected, device)
+
+
+def test_aoti_package_with_a_mask_input(exported_masked, device, tmp_path):
+    """The package takes the mask as an input: a new mask changes the output as eager's."""
+    _needs_cxx()
+    path = torch._inductor.aoti_compile_and_package(exported_masked.ep, package_path=str(tmp_path / "model.pt2"))
+    with zipfile.ZipFile(path) as package:
+        text = "\n".join(package.read(n).decode(errors="replace") for n in package.namelist()
+                         if n.endswith((".cpp", ".json")))
+    assert "torch_flash_backend" in text and "scaled_dot_product" not in text
+    if device == "cuda" and _wrapper_carries_libstdcxx(path):
+        pytest.xfail("the package's wrapper carries its own libstdc++; CUDA packages crash when Python loads them")
+    model = torch._inductor.aoti_load_package(path)
+    for mask, expected in zip(exported_masked.masks, exported_masked.expected):
+        assert_close(model(exported_masked.x, mask), expected, device)
+
+
 # ------------------------------------------------------------------ fake kernels
 
 
