@@ -580,19 +580,39 @@ def test_exported_masked_module_reads_its_mask_input(exported_masked, device):
         assert_close(exported_masked.ep.module()(exported_masked.x, mask), expected, device)
 
 
-def test_aoti_package_with_a_mask_input(exported_masked, device, tmp_path):
-    """The package takes the mask as an input: a new mask changes the output as eager's."""
+@pytest.fixture(scope="module")
+def aoti_masked(device, exported_masked, tmp_path_factory):
+    """An AOTInductor package of the masked export, and per mask its saved inputs and eager output."""
     _needs_cxx()
-    path = torch._inductor.aoti_compile_and_package(exported_masked.ep, package_path=str(tmp_path / "model.pt2"))
-    with zipfile.ZipFile(path) as package:
+    directory = tmp_path_factory.mktemp(f"aoti_masked_{device}")
+    path = torch._inductor.aoti_compile_and_package(exported_masked.ep, package_path=str(directory / "model.pt2"))
+    cases = []
+    for i, (mask, expected) in enumerate(zip(exported_masked.masks, exported_masked.expected)):
+        torch.save([exported_masked.x.cpu(), mask.cpu()], directory / f"inputs{i}.pt")
+        torch.save(expected.cpu(), directory / f"expected{i}.pt")
+        cases.append((str(directory / f"inputs{i}.pt"), str(directory / f"expected{i}.pt")))
+    return types.SimpleNamespace(path=path, cases=cases)
+
+
+def test_aoti_package_with_a_mask_input(aoti_masked, exported_masked, device):
+    """The package takes the mask as an input: a new mask changes the output as eager's."""
+    with zipfile.ZipFile(aoti_masked.path) as package:
         text = "\n".join(package.read(n).decode(errors="replace") for n in package.namelist()
                          if n.endswith((".cpp", ".json")))
     assert "torch_flash_backend" in text and "scaled_dot_product" not in text
-    if device == "cuda" and _wrapper_carries_libstdcxx(path):
+    if device == "cuda" and _wrapper_carries_libstdcxx(aoti_masked.path):
         pytest.xfail("the package's wrapper carries its own libstdc++; CUDA packages crash when Python loads them")
-    model = torch._inductor.aoti_load_package(path)
+    model = torch._inductor.aoti_load_package(aoti_masked.path)
     for mask, expected in zip(exported_masked.masks, exported_masked.expected):
         assert_close(model(exported_masked.x, mask), expected, device)
+
+
+def test_aoti_masked_package_runs_from_cpp(aoti_runner, aoti_masked, device):
+    tolerance = "2e-2" if device == "cuda" else "1e-5"
+    for inputs, expected in aoti_masked.cases:
+        result = subprocess.run([aoti_runner, LIB, aoti_masked.path, inputs, expected, tolerance],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 
 # ------------------------------------------------------------------ fake kernels
