@@ -151,6 +151,18 @@ def test_calls_count_in_stats_and_log(kernels, caplog):
     assert sum("passed on to PyTorch's kernel" in m for m in lines) == 1, lines
 
 
+def test_backward_counts_under_the_backward_kernel(kernels):
+    ours, _ = kernels
+    q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 4, 64, device="cuda")
+    seed, offset = torch.empty(2, dtype=torch.uint64, device="cuda"), torch.empty((), dtype=torch.uint64, device="cuda")
+    tfb.reset_stats()
+    ours["_scaled_dot_product_flash_attention"](KEYSET, q, q, q, 0.0, True, False, scale=None)
+    ours["_scaled_dot_product_flash_attention_backward"](KEYSET, q, q, q, q, q, lse, None, None, 64, 64, 0.0, True,
+                                                          seed, offset, scale=None)
+    assert tfb.stats()["routed"] == {"sm80_fwd_bf16_hdim64": 1, "sm80_bwd_bf16_hdim64": 1}, tfb.stats()
+
+
 @pytest.mark.gpu
 def test_cuda_activated_serves_sdpa_flash(restore):
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -57,7 +57,10 @@ def _no_window(left, right) -> bool:
 
 
 def _count(decision, backward: bool) -> None:
-    """Every call through the hook counts in stats() and logs at DEBUG, as enable()'s do."""
+    """Every call through the hook counts in stats() and logs at DEBUG, as enable()'s do;
+    a served backward under the backward kernel's name."""
+    if backward and decision.served and decision.backward_kernel:
+        decision = dataclasses.replace(decision, kernel=decision.backward_kernel)
     _stats.count(decision)
     op = "flash attention backward" if backward else "flash attention forward"
     if decision.served:
