@@ -95,3 +95,55 @@ def test_llama_cuda_routed():
     from torch_flash_backend import _router
     check_generate(model, ids, exact=False, steps_served=_router.probe.route_single_tokens and any(
         k.startswith("decode_fwd_bf16") for k in tfb.built_kernels()))
+
+
+def tiny_mistral(hidden, heads, kv_heads, window, layers=2, vocab=256):
+    config = transformers.MistralConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        sliding_window=window, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["padded batch", "sliding window"])
+def test_masked_models_cuda_routed(kind, caplog):
+    """The boolean masks Hugging Face passes (a right-padded batch; a sliding window
+    of 64 over 300 tokens) are served, prefill and training, every layer, and agree
+    with PyTorch on the positions that are not padding."""
+    if kind == "padded batch":
+        model = tiny_llama(hidden=1024, heads=8, kv_heads=2)
+    else:
+        model = tiny_mistral(hidden=1024, heads=8, kv_heads=2, window=64)
+    model = model.to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 256, (2, 300), device="cuda")
+    attention_mask = torch.ones_like(ids)
+    if kind == "padded batch":
+        attention_mask[1, 220:] = 0
+    labels = ids.masked_fill(attention_mask == 0, -100)
+    valid = attention_mask.bool()
+
+    def run(train):
+        if not train:
+            with torch.no_grad():
+                return model(ids, attention_mask=attention_mask).logits, []
+        model.zero_grad(set_to_none=True)
+        out = model(ids, attention_mask=attention_mask, labels=labels)
+        out.loss.backward()
+        return out.logits.detach(), [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+    layers = model.config.num_hidden_layers
+    for train in (False, True):
+        ref_logits, ref_grads = run(train)
+        tfb.reset_stats()
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="torch_flash_backend"), tfb.enable(strict=True):
+            logits, grads = run(train)
+        stats = tfb.stats()
+        assert sum(stats["routed"].values()) == layers and not stats["fallback"], stats
+        served = [r.getMessage() for r in caplog.records if "served by" in r.getMessage()]
+        assert len(served) == layers and all("boolean attn_mask" in m for m in served), served
+        assert rel_err(logits[valid], ref_logits[valid]) < 2e-2
+        worst = max((rel_err(g, r) for g, r in zip(grads, ref_grads)), default=0.0)
+        assert len(grads) == len(ref_grads) and worst < 2e-2, f"gradient relative error {worst:.2e}"
