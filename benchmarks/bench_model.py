@@ -6,6 +6,8 @@ without enable() in one run: train step, prefill, greedy generation.
 
 Rows (median ms of --reps runs, the two variants in turns):
   train step  forward + backward + AdamW step, batch 2, sequence --train-len
+  train-padded  the same with a right-padded batch (row 2 valid for 70% of its tokens): the
+              boolean attn_mask Hugging Face passes then reaches every attention call
   train-compiled  the same with the model under torch.compile (compiled once per variant:
               a compiled graph records whether it runs inside enable())
   prefill     one forward over a --prompt-len prompt (batch 1), no grad
@@ -134,7 +136,8 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rows", default="train,train-compiled,prefill,generate,static", help="which rows to run")
+    parser.add_argument("--rows", default="train,train-padded,train-compiled,prefill,generate,static",
+                        help="which rows to run")
     parser.add_argument("--static-prompts", default="1024,4096", help="prompt lengths of the static-cache rows")
     parser.add_argument("--static-batch", type=int, default=8)
     args = parser.parse_args()
@@ -159,6 +162,25 @@ def main():
             share, total = fn()
             notes.append(f"train step ({name}): attention {share:.1%} of {total / 1000:.1f} ms of GPU time "
                          f"(a step with free attention: {1 / (1 - share):.2f}x)")
+        del optimizer
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+    if "train-padded" in wanted:
+        ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
+        attention_mask = torch.ones_like(ids)
+        attention_mask[1, int(args.train_len * 0.7):] = 0
+        labels = ids.masked_fill(attention_mask == 0, -100)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def padded_step():
+            optimizer.zero_grad(set_to_none=True)
+            model(ids, attention_mask=attention_mask, labels=labels).loss.backward()
+            optimizer.step()
+        rows.append(("train step, padded batch", f"batch 2 x {args.train_len}, row 2 70% valid",
+                     in_turns(variants(padded_step), args.reps)))
+        for name, fn in variants(lambda: attention_share(padded_step)).items():
+            share, total = fn()
+            notes.append(f"padded train step ({name}): attention {share:.1%} of {total / 1000:.1f} ms of GPU time")
         del optimizer
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
