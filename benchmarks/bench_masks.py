@@ -10,10 +10,14 @@ attn_mask (True = take part) as Hugging Face models pass it:
   padding    (B, 1, 1, S), batch row i valid up to 100%, 85%, 70%, 55% of S
   window     (1, 1, L, S) causal band of 4096 keys, B 1, L 16K
   random     (B, H, L, S) half the pairs visible, no tile empty, B 4, L 4K
+or an additive one (bf16, added to the scaled scores):
+  padding-additive  the padding mask as 0 / -inf (what SDPA turns a boolean mask into)
+  alibi      (1, H, L, S) ALiBi: -slope(head) x distance below the diagonal, -inf above
+             (causal), B 4, L 4K: every visible tile reads its values
 
 Columns: milliseconds of "ours" (the ops on the masked call, the router's
 families), "ours-plain" (ours without the mask: not causal for keep-all,
-padding and random, causal for window), PyTorch's default SDPA and its
+padding and random, causal for window and alibi), PyTorch's default SDPA and its
 efficient and cuDNN backends on the same masked call (a backend that refuses
 it prints "-"); then ours/plain and default/ours, and for the window the
 time target of 1.3 x the plain causal time x the share of causal pairs the
@@ -37,7 +41,10 @@ MASKS = {  # name: (batch, length)
     "padding": (4, 4096),
     "window": (1, 16384),
     "random": (4, 4096),
+    "padding-additive": (4, 4096),
+    "alibi": (4, 4096),
 }
+CAUSAL = ("window", "alibi")  # ours-plain runs these causal
 PYTORCH = {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
@@ -54,6 +61,14 @@ def make_mask(kind, b, length):
     if kind == "random":
         g = torch.Generator(device="cuda").manual_seed(0)
         return torch.rand(b, HEADS, length, length, device="cuda", generator=g) > 0.5
+    if kind == "padding-additive":
+        return torch.zeros(b, 1, 1, length, device="cuda", dtype=torch.bfloat16).masked_fill(
+            ~make_mask("padding", b, length), float("-inf"))
+    if kind == "alibi":
+        slopes = 2.0 ** -torch.arange(1, HEADS + 1, device="cuda", dtype=torch.float32)
+        distance = (keys[:, None] - keys[None, :]).float()  # row - key
+        bias = -(slopes[:, None, None] * distance).masked_fill(distance < 0, float("inf"))
+        return bias.to(torch.bfloat16)[None]
     raise ValueError(kind)
 
 
@@ -129,7 +144,7 @@ def main(argv=None):
     for mode in args.modes.split(","):
         for kind in args.masks.split(","):
             b, length = MASKS[kind]
-            causal = kind == "window"
+            causal = kind in CAUSAL
             q, k, v = make_inputs(b, HEADS, length, E, torch.bfloat16, mode == "fwdbwd")
             mask = make_mask(kind, b, length)
             if mode == "fwd":
@@ -141,7 +156,7 @@ def main(argv=None):
                 if isinstance(ms[x], RuntimeError):
                     notes.append(f"{x} {mode} {kind}: {str(ms[x]).splitlines()[0][:120]}")
             ratio = lambda a, c: t.get(a, math.nan) / t.get(c, math.nan)  # noqa: E731
-            target = 1.3 * t.get("ours-plain", math.nan) * band_share(length, WINDOW) if causal else math.nan
+            target = 1.3 * t.get("ours-plain", math.nan) * band_share(length, WINDOW) if kind == "window" else math.nan
             cells = [("-" if math.isnan(t[x]) else f"{t[x]:.3f}") for x in backends]
             cells += [f"{ratio('ours', 'ours-plain'):.2f}", f"{ratio('default', 'ours'):.2f}",
                       "" if math.isnan(target) else f"{target:.3f}"]

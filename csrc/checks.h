@@ -12,6 +12,8 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "common/mask_values.h"
+
 namespace tfb {
 
 // Sizes of one attention call, read from SDPA-layout (B, H, L, E) inputs.
@@ -68,14 +70,21 @@ inline void check_bwd_extra(const at::Tensor& grad_out, const at::Tensor& out, c
   TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous (as fwd returns it)");
 }
 
-// attn_mask as SDPA takes it (True = take part; broadcastable to (B, Hq, L, S)),
-// returned as that 4-D view: expanded, never copied, stride 0 where it broadcasts.
-// Undefined when there is no mask.
-inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& q, const AttnShape& s) {
+// attn_mask as SDPA takes it (broadcastable to (B, Hq, L, S)): boolean (True
+// = take part) or additive (added to the scaled scores; -inf hides) in q's
+// dtype or float32, returned as that 4-D view: expanded, never copied, stride 0
+// where it broadcasts. Undefined when there is no mask. An additive mask needs
+// |scale| >= 1e-30: the kernels add value / scale to the unscaled scores.
+inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& q, const AttnShape& s,
+                             double scale) {
   if (!attn_mask.has_value() || !attn_mask->defined()) return {};
   const at::Tensor& m = *attn_mask;
-  TORCH_CHECK(m.scalar_type() == at::kBool, "attn_mask must be a bool tensor (True = take part), got ",
-              m.scalar_type(), "; additive float masks are not supported by these ops");
+  const bool additive = m.scalar_type() != at::kBool;
+  TORCH_CHECK(!additive || m.scalar_type() == q.scalar_type() || m.scalar_type() == at::kFloat,
+              "attn_mask must be a bool tensor (True = take part) or an additive mask in q's dtype (",
+              q.scalar_type(), ") or float32, got ", m.scalar_type());
+  TORCH_CHECK(!additive || std::abs(scale) >= tfb::mask::kAdditiveMinScale,
+              "an additive attn_mask needs |scale| >= 1e-30, got scale=", scale);
   TORCH_CHECK(m.device() == q.device(), "attn_mask is on ", m.device(), " but q is on ", q.device());
   TORCH_CHECK(m.layout() == at::kStrided && !m.is_nested(), "attn_mask must be a strided tensor");
   const std::array<int64_t, 4> full{s.batch, s.heads_q, s.len_q, s.len_k};

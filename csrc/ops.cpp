@@ -47,7 +47,8 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // (csrc/cuda/families.h). The forward carries the backward's choice too, for
   // its autograd formula. A family rather than an instantiation's name, so that
   // a graph traced with a symbolic head dim names a kernel too.
-  // attn_mask: SDPA's boolean mask (True = take part), broadcastable to
+  // attn_mask: SDPA's boolean mask (True = take part) or additive mask (q's
+  // dtype or float32, added to the scaled scores), broadcastable to
   // (B, Hq, L, S) and read in place; last, so that calls without one keep their
   // positions. The passes a family's registry entry lists in `masks` read it.
   // bottom_right: is_causal's diagonal ends at the last key (row i sees keys

@@ -13,6 +13,7 @@
 // fallbacks to PyTorch's SDPA.
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -27,6 +28,8 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <torch/library.h>
+
+#include "common/mask_values.h"
 
 namespace tfb {
 namespace {
@@ -146,8 +149,13 @@ bool plain_mask(const at::Tensor& m, const at::Tensor& q) {
 
 std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                          bool enable_gqa) {
+                          bool enable_gqa, std::optional<double> scale) {
   if (!plain(q) || !plain(k) || !plain(v)) return std::nullopt;
+  // The key holds no scale: an additive mask with a scale too small for the
+  // kernels (which falls back) is decided afresh.
+  if (attn_mask.has_value() && attn_mask->scalar_type() != at::kBool && scale.has_value() &&
+      std::abs(*scale) < mask::kAdditiveMinScale)
+    return std::nullopt;
   // Inputs on other devices or of other dtypes are decided afresh (they fall back).
   if (k.device() != q.device() || v.device() != q.device() || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type())
@@ -266,7 +274,7 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   }
   const Frame frame = *routing;
   std::optional<Key> cache_key;
-  if (!frame.log_each_call) cache_key = key_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa);
+  if (!frame.log_each_call) cache_key = key_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale);
   if (cache_key.has_value()) {
     Cache& c = current_cache();
     const auto it = c.entries.find(*cache_key);

@@ -11,7 +11,7 @@ backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
 The sm80 pass also runs the decode family's grid (split-KV, short queries);
 "decode" runs that grid alone, head dim 256 included; "masks" the tiled
-families' boolean masks, forward and backward.
+families' masks (boolean and additive), forward and backward.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks]
 
@@ -80,10 +80,16 @@ def edges(e):
     torch.cuda.synchronize()
 
 
+def additive(mask, shape, dtype=torch.float32):
+    """mask as an additive one in `dtype`: random values where it shows, -inf where it hides."""
+    return torch.randn(shape, device="cuda").to(dtype).masked_fill(~mask, float("-inf"))
+
+
 def decode(head_dims):
     """The decode family: one split and several, GQA-packed rows, causal (both alignments), a cache
-    read past its use; boolean masks (a cache in use up to a length per batch row,
-    a random one per head with a row that sees nothing, one with its keys strided)."""
+    read past its use; masks (a cache in use up to a length per batch row,
+    a random one per head with a row that sees nothing, one with its keys strided,
+    an additive one)."""
     if not any(n.startswith("decode_fwd") for n in tfb.built_kernels()):
         return
     torch.manual_seed(0)
@@ -101,16 +107,17 @@ def decode(head_dims):
                      torch.rand(2, hq, length, s, device="cuda") > 0.5,
                      (torch.rand(2, 1, s, length, device="cuda") > 0.5).transpose(-1, -2)]
             masks[1][:, :, 0] = False
+            masks.append(additive(masks[1], (2, hq, length, s)))
             for mask in masks:
                 ops.fwd(q, k, v, None, False, "decode", attn_mask=mask)
     torch.cuda.synchronize()
 
 
 def masks(head_dims):
-    """The tiled families' boolean masks, forward (sm80, and sm90 on Hopper) and
+    """The tiled families' masks, forward (sm80, and sm90 on Hopper) and
     backward (sm80): random per head with rows that see nothing, a padding mask
     (B, 1, 1, S), a causal band, whole hidden tiles, keys strided, odd lengths,
-    GQA, the deterministic backward."""
+    GQA, the deterministic backward; additive ones (float32 per head, bf16 blocks)."""
     torch.manual_seed(0)
     built = set(tfb.built_kernels())
     for e in head_dims + [32, 256]:
@@ -129,6 +136,7 @@ def masks(head_dims):
                      ((keys <= rows) & (keys > rows - 40))[None, None],
                      blocks.repeat_interleave(64, 2).repeat_interleave(64, 3)[..., :length, :s],
                      (torch.rand(b, hq, s, length, device="cuda") > 0.5).transpose(-1, -2)]
+            masks += [additive(masks[0], (b, hq, length, s)), additive(masks[3], (b, 1, length, s), torch.bfloat16)]
             for i, mask in enumerate(masks):
                 for family in forward_families:
                     out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)

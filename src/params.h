@@ -33,14 +33,29 @@ struct SeqLens {
   }
 };
 
+// How attn_mask's elements read: a bool per pair (nonzero = visible), or an
+// additive float (-inf hides) in one of these types.
+enum class MaskValues : uint8_t { kBool = 0, kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3 };
+
+TFB_PARAMS_HD int mask_value_bytes(MaskValues t) {
+  return t == MaskValues::kBool ? 1 : t == MaskValues::kFloat32 ? 4 : 2;
+}
+
 // Masks beyond SDPA's is_causal flag (common/mask.h): band edges in keys from
 // the row's diagonal, and a mask read from memory with its per-tile summary.
 struct MaskArgs {
   bool bottom_right = false;  // align the causal diagonal with the last key (causal_lower_right)
   int window_left = -1;       // -1: no left edge
   int window_right = -1;      // -1: no right edge (is_causal sets 0)
-  const uint8_t* values = nullptr;  // nonzero = visible; (B, H, L, S) with the strides below, 0 to broadcast
+  // attn_mask, (B, H, L, S) with the strides below in bytes (0 to broadcast):
+  // boolean (nonzero = visible) or additive (values_type).
+  const uint8_t* values = nullptr;
   int64_t values_batch_stride = 0, values_head_stride = 0, values_row_stride = 0, values_col_stride = 0;
+  MaskValues values_type = MaskValues::kBool;
+  // Additive values join the unscaled scores as value * values_scale, the
+  // inverse of the kernels' scale (scale_log2 / log2(e)), so that the
+  // scaled score is scale * q.k + value.
+  float values_scale = 1.f;
   // common/mask.h TileKind per (query tile, key tile) of one tile shape, from
   // the pre-pass (common/mask_summary.h) the launcher runs: a (m_blocks,
   // tile_kinds_n_blocks) plane per (batch, head), strides 0 where the mask broadcasts.

@@ -30,8 +30,8 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
-    # The passes that read a boolean attn_mask (broadcast with stride 0 where it
-    # is), skipping the tiles it hides (src/common/mask_summary.h).
+    # The passes that read attn_mask, boolean or additive (broadcast with stride 0
+    # where it is), skipping the tiles it hides (src/common/mask_summary.h).
     masks: tuple[str, ...] = ()
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()

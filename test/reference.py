@@ -8,10 +8,14 @@ import math
 
 import torch
 
+ADDITIVE_LIMIT = 65536.0  # src/common/mask_values.h kAdditiveLimit
+
 
 def attention_ref(q, k, v, scale=None, is_causal=False, attn_mask=None):
     """Float64 attention on SDPA-layout inputs, GQA by head groups, top-left causal,
-    a boolean attn_mask (True = take part) broadcast to (B, Hq, L, S).
+    an attn_mask broadcast to (B, Hq, L, S): boolean (True = take part) or
+    additive (added to the scaled scores; a finite value beyond
+    +-ADDITIVE_LIMIT takes the scaled score's place).
 
     Returns (out, lse) in float64; lse is the natural-log logsumexp of the scaled
     scores, -inf for rows that see no key (their output is 0). Differentiable with
@@ -29,8 +33,17 @@ def attention_ref(q, k, v, scale=None, is_causal=False, attn_mask=None):
         L, S = scores.shape[-2:]
         visible = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~visible, float("-inf"))
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask.to(scores.device), float("-inf"))
+    elif attn_mask is not None:  # -inf as a boolean mask's False, so that no gradient flows there
+        m = attn_mask.to(scores.device, torch.float64)
+        hidden = torch.isneginf(m)
+        added = (scores + m.masked_fill(hidden, 0.0)).masked_fill(hidden, float("-inf"))
+        # A finite value beyond +-ADDITIVE_LIMIT replaces the score (src/common/mask_values.h):
+        # float32 SDPA loses the score against finfo.min, so such a row attends uniformly;
+        # the gradient reaches the score as SDPA's math backend passes it, as if added.
+        beyond = torch.isfinite(m) & (m.abs() > ADDITIVE_LIMIT)
+        scores = torch.where(beyond, scores + (ADDITIVE_LIMIT * m.sign() - scores).detach(), added)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.unsqueeze(-1).masked_fill(lse.unsqueeze(-1) == float("-inf"), 0.0))
     probs = torch.nan_to_num(probs, nan=0.0)

@@ -55,28 +55,29 @@ def test_outside_nothing_is_routed():
     assert not _enable.is_active()
 
 
-FLOAT_MASK_REASON = "attn_mask of dtype torch.float32: only boolean masks are served (additive masks fall back)"
+FLOAT64_REASON = "dtype torch.float64 is not supported (float16 and bfloat16 only)"
 
 
 def test_fallback_is_bitwise_pytorch_and_logged(caplog):
-    q, k, v = qkv()
-    mask = torch.randn(40, 40)
+    q, k, v = qkv(dtype=torch.float64)
+    mask = torch.randn(40, 40, dtype=torch.float64)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with caplog.at_level(logging.DEBUG, logger="torch_flash_backend"), tfb.enable():
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.equal(out, ref)
-    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT_MASK_REASON: 1}}
+    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT64_REASON: 1}}
     assert [r.name for r in caplog.records] == ["torch_flash_backend"]
-    assert FLOAT_MASK_REASON in caplog.records[0].getMessage()
+    assert FLOAT64_REASON in caplog.records[0].getMessage()
 
 
 def test_fallback_backward_is_pytorch():
-    q, k, v = qkv(requires_grad=True)
+    q, k, v = qkv(dtype=torch.float64, requires_grad=True)
+    mask = torch.zeros(40, 40, dtype=torch.float64)
     with tfb.enable():
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, attn_mask=torch.zeros(40, 40))
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, attn_mask=mask)
     assert fallbacks() == 1
     got = torch.autograd.grad(out.sum(), (q, k, v))
-    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(40, 40)).sum(), (q, k, v))
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum(), (q, k, v))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
@@ -414,9 +415,9 @@ def test_export_inside_enable_warns(strict_export):
 
 
 def test_export_fallback_counted_once():
-    q, k, v = qkv()
-    ep = torch.export.export(tfb.enable()(Attend()), (q, k, v, torch.zeros(40, 40)))
-    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT_MASK_REASON: 1}}
+    q, k, v = qkv(dtype=torch.float64)
+    ep = torch.export.export(tfb.enable()(Attend()), (q, k, v, torch.zeros(40, 40, dtype=torch.float64)))
+    assert tfb.stats() == {"routed": {}, "fallback": {FLOAT64_REASON: 1}}
     assert any("scaled_dot_product_attention" in str(n.target) for n in ep.graph.nodes)
 
 
@@ -450,8 +451,8 @@ def test_boolean_mask_served_forward_and_backward():
 def test_masked_calls_use_the_decision_cache():
     """attn_mask's metadata is part of the cache key: a mask of the same shape,
     strides and dtype is decided in C++ (the decision reads no mask value, the
-    kernel reads the new mask's), another shape, a float mask or one that
-    requires grad asks the router; a cached float-mask fallback runs PyTorch's SDPA."""
+    kernel reads the new mask's), another shape, an additive mask or one that
+    requires grad asks the router; a cached fallback runs PyTorch's SDPA."""
     q, k, v = qkv()
     mask = _padding_mask()
     other = mask.clone()
@@ -463,14 +464,15 @@ def test_masked_calls_use_the_decision_cache():
             assert len(asked) == 1
             F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, :, :1])  # (2, 1, 1, 40): broadcast over rows
             assert len(asked) == 2
-            additive = torch.zeros(40, 40)
-            fallback = [F.scaled_dot_product_attention(q, k, v, attn_mask=additive) for _ in range(2)]
+            additive = torch.randn(40, 40)
+            served = [F.scaled_dot_product_attention(q, k, v, attn_mask=additive) for _ in range(2)]
             assert len(asked) == 3
-            F.scaled_dot_product_attention(q, k, v, attn_mask=mask.float().requires_grad_())
+            with_grad = mask.float().requires_grad_()
+            fallback = [F.scaled_dot_product_attention(q, k, v, attn_mask=with_grad) for _ in range(2)]
             assert len(asked) == 4
-        for got, m in ((out, mask), (out_other, other), (fallback[1], additive)):
+        for got, m in ((out, mask), (out_other, other), (served[1], additive), (fallback[1], with_grad)):
             torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=m), atol=1e-5, rtol=1e-5)
-    assert routed() == 3 and fallbacks() == 3
+    assert routed() == 5 and fallbacks() == 2
 
 
 @pytest.mark.parametrize("strict_export", [False, True], ids=["nonstrict", "strict"])

@@ -127,8 +127,8 @@ def test_gradient_with_odd_strides():
 
 @pytest.mark.parametrize("strict,mask", [(False, False), (True, False), (False, True)])
 def test_opcheck_route_sdpa(strict, mask):
-    """route_sdpa, enable()'s decision as an op: served (the CPU ops, through
-    the test switch) or, with a mask, passed on to PyTorch's SDPA."""
+    """route_sdpa, enable()'s decision as an op: served by the CPU ops (through
+    the test switch), with an additive mask too."""
     from torch_flash_backend import testing
 
     q, k, v = (torch.randn(2, 4, 40, 16, requires_grad=True) for _ in range(3))
@@ -137,25 +137,32 @@ def test_opcheck_route_sdpa(strict, mask):
         torch.library.opcheck(ops.route_sdpa.default, (q, k, v, attn_mask, 0.0, not mask, None, False, strict))
 
 
-# (Hq, Hkv, L, S, mask shape): boolean masks broadcast as SDPA allows, with
-# fully hidden rows (row 0 of every head sees nothing).
+# (Hq, Hkv, L, S, mask shape, kind): masks broadcast as SDPA allows, with
+# fully hidden rows (row 0 of every head sees nothing): boolean, or additive
+# (random values, -inf where the boolean one hides).
 MASKED = [
-    (4, 2, 19, 40, (2, 4, 19, 40)),
-    (4, 4, 5, 33, (2, 1, 1, 33)),
-    (6, 3, 17, 17, (17, 17)),
+    (4, 2, 19, 40, (2, 4, 19, 40), "bool"),
+    (4, 4, 5, 33, (2, 1, 1, 33), "bool"),
+    (6, 3, 17, 17, (17, 17), "bool"),
+    (4, 2, 19, 40, (2, 4, 19, 40), "additive"),
+    (4, 4, 5, 33, (2, 1, 1, 33), "additive"),
+    (6, 3, 17, 17, (17, 17), "additive"),
 ]
+MASKED_IDS = [f"h{c[0]}x{c[1]}-L{c[2]}-S{c[3]}-mask{len(c[4])}d-{c[5]}" for c in MASKED]
 
 
-def masked_inputs(hq, hkv, length, s, shape, requires_grad):
+def masked_inputs(hq, hkv, length, s, shape, kind, requires_grad):
     torch.manual_seed(length * 100 + s)
     q, k, v = (make(2, h, n, 16, torch.float32, "blhe", requires_grad) for h, n in ((hq, length), (hkv, s), (hkv, s)))
     mask = torch.rand(shape) > 0.4
     mask[..., 0, :] = False
+    if kind == "additive":
+        mask = (torch.randn(shape) * 2).masked_fill(~mask, float("-inf"))
     return q, k, v, mask
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
-@pytest.mark.parametrize("case", MASKED, ids=[f"h{c[0]}x{c[1]}-L{c[2]}-S{c[3]}-mask{len(c[4])}d" for c in MASKED])
+@pytest.mark.parametrize("case", MASKED, ids=MASKED_IDS)
 def test_opcheck_masked(case, requires_grad):
     q, k, v, mask = masked_inputs(*case, requires_grad)
     torch.library.opcheck(ops.fwd.default, (q, k, v, None, False), {"attn_mask": mask})
@@ -164,10 +171,10 @@ def test_opcheck_masked(case, requires_grad):
                           {"attn_mask": mask})
 
 
-@pytest.mark.parametrize("case", MASKED, ids=[f"h{c[0]}x{c[1]}-L{c[2]}-S{c[3]}-mask{len(c[4])}d" for c in MASKED])
+@pytest.mark.parametrize("case", MASKED, ids=MASKED_IDS)
 def test_masked_matches_reference(case):
-    """A boolean mask on CPU, forward and backward, against float64; rows the
-    mask hides entirely give output 0, lse -inf and no gradient."""
+    """A mask on CPU, boolean or additive, forward and backward, against
+    float64; rows the mask hides entirely give output 0, lse -inf and no gradient."""
     q, k, v, mask = masked_inputs(*case, True)
     out = tfb.flash_attn(q, k, v, attn_mask=mask, enable_gqa=True)
     grad = torch.randn_like(out)
@@ -186,7 +193,8 @@ def test_masked_matches_reference(case):
 
 
 @pytest.mark.parametrize("mask,message", [
-    (torch.ones(2, 4, 19, 40), "must be a bool tensor"),
+    (torch.ones(2, 4, 19, 40, dtype=torch.float16), "must be a bool tensor"),
+    (torch.ones(2, 4, 19, 40, dtype=torch.int32), "must be a bool tensor"),
     (torch.ones(3, 4, 19, 40, dtype=torch.bool), "does not broadcast"),
     (torch.ones(1, 2, 4, 19, 40, dtype=torch.bool), "at most 4 dims"),
 ])

@@ -116,12 +116,15 @@ def test_head_dim_not_built(fake):
 
 
 def test_attn_mask(fake):
-    """sm80 reads a boolean mask; an additive one falls back."""
+    """sm80 reads a boolean mask and an additive one; an additive one of
+    another dtype than q's or float32 falls back (PyTorch's SDPA rejects it)."""
     q, k, v = qkv()
     mask = torch.empty(64, 64, dtype=torch.bool, device="cuda")
     d = tfb.explain(q, k, v, attn_mask=mask)
     assert d.kernel == "sm80_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
-    assert "attn_mask" in reason(q, k, v, attn_mask=mask.to(torch.bfloat16))
+    d = tfb.explain(q, k, v, attn_mask=mask.to(torch.bfloat16))
+    assert d.kernel == "sm80_fwd_bf16_hdim64" and "additive attn_mask (bf16)" in str(d), str(d)
+    assert "attn_mask must be a bool tensor" in reason(q, k, v, attn_mask=mask.to(torch.float16))
 
 
 def test_dropout(fake):
@@ -410,8 +413,9 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
 def test_boolean_masks_served(fake, monkeypatch):
     """A boolean mask on a short query goes to the decode family, on a longer
     one to sm90's forward on Hopper (sm80's elsewhere), and grad to sm80's
-    backward (sm90's reads no mask); a float mask and a mask with is_causal
-    fall back, each with its reason, as does a call whose allowed families
+    backward (sm90's reads no mask), an additive one alike; a mask of a float
+    dtype SDPA rejects and a mask with is_causal fall back, each with its
+    reason, as does a call whose allowed families
     read no mask. flash_attn's pinned choice follows the same rules."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90):
         mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
@@ -422,7 +426,9 @@ def test_boolean_masks_served(fake, monkeypatch):
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
         d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
         assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
-        assert "only boolean masks" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
+        d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
+        assert d.kernel == "decode_fwd_bf16_hdim64" and "additive attn_mask (bf16)" in str(d), str(d)
+        assert "or float32" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.float16))
         assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
         assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
         monkeypatch.setenv(_router.FAMILIES_ENV, "decode,sm90")

@@ -16,10 +16,15 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.scale, ctx.is_causal, ctx.backward_family, ctx.bottom_right = scale, is_causal, backward_family, bottom_right
+    ctx.mask_requires_grad = attn_mask is not None and attn_mask.requires_grad
 
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse, attn_mask = ctx.saved_tensors
+    if ctx.mask_requires_grad:
+        # The router passes such calls to PyTorch's SDPA; a direct caller learns here.
+        raise RuntimeError("torch_flash_backend: attn_mask requires grad, and the kernels give no gradient for "
+                           "a mask; detach it, or call PyTorch's scaled_dot_product_attention")
     # Arguments at their defaults stay out, so that backward graphs without them read as before.
     extra = {} if attn_mask is None else {"attn_mask": attn_mask}
     if ctx.bottom_right:
@@ -29,7 +34,7 @@ def _backward(ctx, grad_out, _grad_lse):
     # is made dense for one that cannot read it (TMA).
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, out, lse, ctx.scale,
                           ctx.is_causal, family, **extra)
-    # A boolean mask has no gradient.
+    # The mask gets none (refused above where it asked for one).
     return dq, dk, dv, None, None, None, None, None, None
 
 

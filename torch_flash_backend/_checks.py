@@ -49,16 +49,34 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) 
             raise ValueError(f"scale must be finite, got {scale!r}")
 
 
-def check_mask(attn_mask, q: torch.Tensor, k: torch.Tensor) -> None:
-    """The ops' attn_mask: None, or a bool tensor on q's device that broadcasts
-    to (B, Hq, L, S); raises ValueError as the C++ impls do."""
+# src/common/mask_values.h kAdditiveMinScale.
+ADDITIVE_MIN_SCALE = 1e-30
+
+
+def mask_dtype_problem(attn_mask: torch.Tensor, q: torch.Tensor, scale=None) -> str | None:
+    """Why the ops cannot read attn_mask's dtype, or None: a boolean mask (True
+    = take part), or an additive one (added to the scaled scores; -inf hides)
+    in q's dtype or float32, as SDPA takes them. An additive mask needs
+    |scale| >= 1e-30: the kernels add value / scale to the unscaled scores."""
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in (q.dtype, torch.float32):
+        return (f"attn_mask must be a bool tensor (True = take part) or an additive mask in q's dtype ({q.dtype}) "
+                f"or float32, got {attn_mask.dtype}")
+    if attn_mask.dtype != torch.bool and isinstance(scale, (int, float)) and abs(scale) < ADDITIVE_MIN_SCALE:
+        return f"an additive attn_mask needs |scale| >= 1e-30, got scale={scale!r}"
+    return None
+
+
+def check_mask(attn_mask, q: torch.Tensor, k: torch.Tensor, scale=None) -> None:
+    """The ops' attn_mask: None, or a tensor on q's device that broadcasts to
+    (B, Hq, L, S), boolean or additive (mask_dtype_problem); raises ValueError
+    as the C++ impls do."""
     if attn_mask is None:
         return
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool:
-        raise ValueError(f"attn_mask must be a bool tensor (True = take part), got {attn_mask.dtype}; additive "
-                         "float masks are not supported by these ops")
+    bad_dtype = mask_dtype_problem(attn_mask, q, scale)
+    if bad_dtype is not None:
+        raise ValueError(bad_dtype)
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {q.device}")
     bad_shape = mask_shape_problem(attn_mask, q, k)

@@ -352,6 +352,6 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "explain")
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
     if (decision.served and attn_mask is not None and q.device.type == "cuda"
-            and type(attn_mask) is torch.Tensor and attn_mask.dtype == torch.bool):
+            and type(attn_mask) is torch.Tensor):
         decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))
     return decision

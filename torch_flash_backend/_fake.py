@@ -18,7 +18,7 @@ def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
 def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family=None, attn_mask=None,
               bottom_right=False):
     check_inputs(q, k, v, scale)
-    check_mask(attn_mask, q, k)
+    check_mask(attn_mask, q, k, scale)
     b, h, length, e = q.shape
     return empty_blhe(q, b, h, length, e), q.new_empty((b, h, length), dtype=torch.float32)
 
@@ -27,7 +27,7 @@ def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family
 def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=None, attn_mask=None,
               bottom_right=False):
     check_inputs(q, k, v, scale)
-    check_mask(attn_mask, q, k)
+    check_mask(attn_mask, q, k, scale)
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)
     return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, e)

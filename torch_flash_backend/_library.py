@@ -32,7 +32,7 @@ class Kernel(str):
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
-    no limit), masks (this pass reads a boolean attn_mask), smem_bytes,
+    no limit), masks (this pass reads attn_mask, boolean or additive), smem_bytes,
     tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
     0 where it reads no mask)."""
 

@@ -16,7 +16,7 @@ import threading
 import torch
 
 from . import _checks
-from ._checks import VECTOR_BYTES, check_sdpa_args, mask_shape_problem, misaligned
+from ._checks import VECTOR_BYTES, check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
 from ._library import built_kernel_set, family_limits
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
@@ -76,13 +76,16 @@ class Decision:
 
 def mask_tiles_skipped(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, tile_rows: int, tile_keys: int,
                        group_packed: bool) -> float:
-    """The share of a kernel's (row tile, key tile) pairs in which the boolean
-    attn_mask hides every pair, which the kernel skips. Its rows are one query
+    """The share of a kernel's (row tile, key tile) pairs in which attn_mask
+    hides every pair (False, or -inf in an additive mask), which the kernel
+    skips. Its rows are one query
     head's, tile_rows at a time; with group_packed (the decode family), the query
     rows of one kv head instead (position-major, the group's heads within). Keys
     tile_keys at a time from key 0. Reads the mask's values (a device sync on CUDA)."""
     b, hq, length, _ = q.shape
     hkv, s = k.size(1), k.size(2)
+    if attn_mask.dtype != torch.bool:
+        attn_mask = attn_mask != float("-inf")
     m = attn_mask.expand(b, hq, length, s)
     if group_packed:
         group = hq // hkv
@@ -259,7 +262,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return _fallback(f"device type {device.type} is not CUDA")
     masked = attn_mask is not None
     if masked:
-        why = _mask_problem(attn_mask, q, k, is_causal)
+        why = _mask_problem(attn_mask, q, k, is_causal, scale)
         if why is not None:
             return _fallback(why)
     if dropout_p != 0.0:
@@ -288,7 +291,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     causal = ", causal (bottom-right)" if bottom_right and length != s else ", causal" if is_causal else ""
     detail = f"{dtype_name}, head dim {e}" + causal + (
-        f", GQA {hq}:{hkv}" if hq != hkv else "") + (", boolean attn_mask" if masked else "")
+        f", GQA {hq}:{hkv}" if hq != hkv else "") + (_mask_detail(attn_mask) if masked else "")
     if on_cpu:
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
@@ -306,13 +309,14 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     return decision
 
 
-def _mask_problem(attn_mask, q, k, is_causal) -> str | None:
+def _mask_problem(attn_mask, q, k, is_causal, scale) -> str | None:
     """Why our ops cannot take this attn_mask (PyTorch's SDPA then serves the
     call, or raises where it rejects it), or None. Metadata only."""
     if is_causal:
         return "attn_mask together with is_causal=True (PyTorch's SDPA rejects the pair)"
-    if attn_mask.dtype != torch.bool:
-        return f"attn_mask of dtype {attn_mask.dtype}: only boolean masks are served (additive masks fall back)"
+    bad_dtype = mask_dtype_problem(attn_mask, q, scale)
+    if bad_dtype is not None:
+        return bad_dtype
     if attn_mask.requires_grad:
         return "attn_mask requires grad"
     if attn_mask.device != q.device:
@@ -320,6 +324,12 @@ def _mask_problem(attn_mask, q, k, is_causal) -> str | None:
     if attn_mask.is_nested or attn_mask.layout != torch.strided:
         return "attn_mask is not a dense strided tensor"
     return mask_shape_problem(attn_mask, q, k)
+
+
+def _mask_detail(attn_mask) -> str:
+    if attn_mask.dtype == torch.bool:
+        return ", boolean attn_mask"
+    return f", additive attn_mask ({_DTYPE_NAMES.get(attn_mask.dtype, attn_mask.dtype)})"
 
 
 def _broadcast(q, k, v) -> bool:
@@ -355,8 +365,8 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     x length). routing: the choice for enable(), where a query shorter than
     MIN_QUERY_LEN goes to a decode family or to PyTorch (faster there than the
     tiled forwards), and a longer one never to a decode family; else any
-    family that can run the call (flash_attn with pinned families). masked: a
-    boolean attn_mask, which only families with masks=true read (single tokens
+    family that can run the call (flash_attn with pinned families). masked: an
+    attn_mask (boolean or additive), which only families with masks=true read (single tokens
     follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
     fully used cache's mask faster; RESULTS.md v16)."""
     try:

@@ -17,12 +17,13 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     Takes scaled_dot_product_attention's signature, so a call can swap one for
     the other: causal masking is top-left aligned, ``scale=None`` means
     1/sqrt(E), and k/v may have fewer heads than q (Hq % Hkv == 0) with
-    ``enable_gqa=True``; a boolean ``attn_mask`` (True = take part) broadcasts
+    ``enable_gqa=True``; an ``attn_mask``, boolean (True = take part) or
+    additive (q's dtype or float32, added to the scaled scores), broadcasts
     to (B, Hq, L, S) and is read in place, the tiles it hides skipped; a
     ``CausalBias`` (``torch.nn.attention.bias.causal_lower_right`` /
     ``causal_upper_left``) is causal masking of that alignment. No
-    routing: what the kernels do not support (``dropout_p > 0``, additive
-    masks) raises, naming the argument, instead of falling back. The kernels are the registry's first that run the call,
+    routing: what the kernels do not support (``dropout_p > 0``, a mask
+    that requires grad) raises, naming the argument, instead of falling back. The kernels are the registry's first that run the call,
     within the families ``TFB_KERNEL_FAMILIES`` allows.
     """
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
@@ -37,7 +38,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
         raise ValueError(f"flash_attn: q has {q.size(1)} heads but k/v have {k.size(1)}; pass enable_gqa=True "
                          "for grouped-query attention")
     if attn_mask is not None:
-        check_mask(attn_mask, q, k)
+        check_mask(attn_mask, q, k, scale)
+        if attn_mask.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError("flash_attn: attn_mask requires grad; the kernels give no gradient for a mask")
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
     family, backward_family = _router.pinned_families(q, k, v, masked=attn_mask is not None)

@@ -20,6 +20,7 @@
 
 #include "checks.h"
 #include "common/mask.h"
+#include "common/mask_values.h"
 
 // The matmul is the hot loop: build an AVX2/FMA copy beside the baseline one
 // and let the loader pick, so one binary is fast where it can be and runs everywhere.
@@ -147,22 +148,40 @@ int64_t visible_keys(const tfb::mask::CausalOrNone& band, int64_t i, int64_t k0,
 }
 
 // attn_mask as check_mask returns it, (B, Hq, L, S) with any strides; off
-// when undefined. hidden(): the pair takes no part.
+// when undefined. bias(): what a pair adds to its scaled score, -inf where it
+// takes no part (a boolean mask's false, an additive mask's -inf), else 0 or
+// the additive value; logit() joins the two as the kernels do (mask_values.h).
 struct MaskView {
-  const bool* data = nullptr;
-  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+  const char* data = nullptr;
+  at::ScalarType type = at::kBool;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;  // bytes
 
   explicit MaskView(const at::Tensor& m) {
     if (!m.defined()) return;
-    data = m.data_ptr<bool>();
-    batch_stride = m.stride(0), head_stride = m.stride(1), row_stride = m.stride(2), col_stride = m.stride(3);
+    data = static_cast<const char*>(m.data_ptr());
+    type = m.scalar_type();
+    const int64_t bytes = m.element_size();
+    batch_stride = m.stride(0) * bytes, head_stride = m.stride(1) * bytes;
+    row_stride = m.stride(2) * bytes, col_stride = m.stride(3) * bytes;
   }
-  // Head (b, h)'s plane: row i, key j at plane[i * row_stride + j * col_stride].
-  const bool* plane(int64_t b, int64_t h) const { return data ? data + b * batch_stride + h * head_stride : nullptr; }
-  bool hidden(const bool* plane, int64_t i, int64_t j) const {
-    return plane != nullptr && !plane[i * row_stride + j * col_stride];
+  // Head (b, h)'s plane: row i, key j at plane + i * row_stride + j * col_stride.
+  const char* plane(int64_t b, int64_t h) const { return data ? data + b * batch_stride + h * head_stride : nullptr; }
+  float bias(const char* plane, int64_t i, int64_t j) const {
+    if (plane == nullptr) return 0.f;
+    const char* at = plane + i * row_stride + j * col_stride;
+    switch (type) {
+      case at::kBool: return *reinterpret_cast<const bool*>(at) ? 0.f : kNegInf;
+      case at::kFloat: return *reinterpret_cast<const float*>(at);
+      case at::kHalf: return static_cast<float>(*reinterpret_cast<const at::Half*>(at));
+      default: return static_cast<float>(*reinterpret_cast<const at::BFloat16*>(at));
+    }
   }
 };
+
+// A pair's logit: its scaled score joined by bias (-inf: the pair takes no part).
+float logit(float scaled, float bias) {
+  return bias == kNegInf ? kNegInf : tfb::mask::add_additive(scaled, bias, 1.f);
+}
 
 // A row whose lse is -inf saw no key, so its probabilities must be 0;
 // exp(s - inf) gives that where exp(s + inf) would give inf.
@@ -171,14 +190,14 @@ float lse_for_exp(float lse) { return lse == kNegInf ? std::numeric_limits<float
 // One online-softmax step for one query row: turns the raw scores of a key
 // block into probabilities against the updated running max and rescales
 // what the row accumulated under the old max. Scores at or past `visible` are
-// masked, and so are those `hidden(j)` names; they, like the padding up to
-// `width`, become 0.
-template <class Hidden>
+// masked, and so are those whose `bias(j)` is -inf; they, like the padding up
+// to `width`, become 0. The others gain bias(j) after the scale.
+template <class Bias>
 void softmax_step(float* s, int64_t visible, int64_t width, float scale, float& row_max, float& row_sum, float* acc,
-                  int64_t e, Hidden&& hidden) {
+                  int64_t e, Bias&& bias) {
   float block_max = row_max;
   for (int64_t j = 0; j < visible; ++j) {
-    s[j] = hidden(j) ? kNegInf : s[j] * scale;
+    s[j] = logit(s[j] * scale, bias(j));
     block_max = std::max(block_max, s[j]);
   }
   std::fill(s + visible, s + width, 0.f);
@@ -214,7 +233,7 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       const int64_t b = task / (s.heads_q * q_blocks), h = task / q_blocks % s.heads_q;
       const int64_t r0 = task % q_blocks * kBlockQ, rows = std::min(kBlockQ, s.len_q - r0);
       const int64_t hk = h / group;
-      const bool* plane = mask.plane(b, h);
+      const char* plane = mask.plane(b, h);
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
@@ -231,7 +250,7 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
         for (int64_t i = 0; i < rows; ++i) {
           softmax_step(scores.data() + i * kBlockK, visible_keys(band, r0 + i, k0, cols), width, scale,
                        row_max[i], row_sum[i], acc.data() + i * ld, E,
-                       [&](int64_t j) { return mask.hidden(plane, r0 + i, k0 + j); });
+                       [&](int64_t j) { return mask.bias(plane, r0 + i, k0 + j); });
         }
         matmul_acc(scores.data(), kBlockK, v_tile.data(), ld, acc.data(), ld, rows, ld, cols);
       }
@@ -283,7 +302,7 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
       const int64_t b = task / (s.heads_q * q_blocks), h = task / q_blocks % s.heads_q;
       const int64_t r0 = task % q_blocks * kBlockQ, rows = std::min(kBlockQ, s.len_q - r0);
       const int64_t hk = h / group;
-      const bool* plane = mask.plane(b, h);
+      const char* plane = mask.plane(b, h);
       const float* lse_row = lse + (b * s.heads_q + h) * s.len_q + r0;
       const float* delta_row = delta + (b * s.heads_q + h) * s.len_q + r0;
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
@@ -307,7 +326,8 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
           const float l = lse_for_exp(lse_row[i]), d = delta_row[i];
           const int64_t visible = visible_keys(band, r0 + i, k0, cols);
           for (int64_t j = 0; j < visible; ++j) {
-            ds[j] = mask.hidden(plane, r0 + i, k0 + j) ? 0.f : std::exp(ds[j] * scale - l) * (dpi[j] - d);
+            const float x = logit(ds[j] * scale, mask.bias(plane, r0 + i, k0 + j));
+            ds[j] = x == kNegInf ? 0.f : std::exp(x - l) * (dpi[j] - d);
           }
           std::fill(ds + visible, ds + cols, 0.f);
         }
@@ -344,7 +364,7 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const float* lse_head = lse + (b * s.heads_q + h) * s.len_q;
         const float* delta_head = delta + (b * s.heads_q + h) * s.len_q;
-        const bool* plane = mask.plane(b, h);
+        const char* plane = mask.plane(b, h);
         // Query rows before the first one that sees this block's first key see none of it.
         for (int64_t r0 = band.row_begin(static_cast<int>(k0)); r0 < s.len_q; r0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, s.len_q - r0), width = round_up(rows, kVec);
@@ -365,7 +385,8 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
             std::fill(pj, pj + first, 0.f);
             std::fill(dsj, dsj + first, 0.f);
             for (int64_t i = first; i < rows; ++i) {
-              pj[i] = mask.hidden(plane, r0 + i, k0 + j) ? 0.f : std::exp(pj[i] * scale - lse_for_exp(lse_head[r0 + i]));
+              const float x = logit(pj[i] * scale, mask.bias(plane, r0 + i, k0 + j));
+              pj[i] = x == kNegInf ? 0.f : std::exp(x - lse_for_exp(lse_head[r0 + i]));
               dsj[i] = pj[i] * (dsj[i] - delta_head[r0 + i]);
             }
           }
@@ -405,7 +426,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   check_family(family);
   check_family(backward_family);
   const AttnShape s = check_qkv(q, k, v);
-  const MaskView mask(check_mask(attn_mask, q, s));
+  const MaskView mask(check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim)));
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
   if (is_empty_problem(s)) return {out, lse};
@@ -425,7 +446,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
   check_family(family);
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
-  const MaskView mask(check_mask(attn_mask, q, s));
+  const MaskView mask(check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim)));
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
   if (is_empty_problem(s)) return {dq, dk, dv};

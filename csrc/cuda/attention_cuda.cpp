@@ -55,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                                             std::optional<c10::string_view> /*backward_family: autograd's*/,
                                             const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
   const AttnShape s = check_qkv(q, k, v);
-  const at::Tensor mask = check_mask(attn_mask, q, s);
+  const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
                                                         bool bottom_right) {
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
-  const at::Tensor mask = check_mask(attn_mask, q, s);
+  const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);

@@ -61,9 +61,20 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
 
 void fill_mask(AttnFwdParams& p, const at::Tensor& mask) {
   if (!mask.defined()) return;
-  p.mask.values = reinterpret_cast<const uint8_t*>(mask.data_ptr<bool>());
-  p.mask.values_batch_stride = mask.stride(0), p.mask.values_head_stride = mask.stride(1);
-  p.mask.values_row_stride = mask.stride(2), p.mask.values_col_stride = mask.stride(3);
+  switch (mask.scalar_type()) {
+    case at::kBool: p.mask.values_type = MaskValues::kBool; break;
+    case at::kHalf: p.mask.values_type = MaskValues::kFloat16; break;
+    case at::kBFloat16: p.mask.values_type = MaskValues::kBFloat16; break;
+    case at::kFloat: p.mask.values_type = MaskValues::kFloat32; break;
+    default: TORCH_CHECK(false, "attn_mask of dtype ", mask.scalar_type(), " has no kernel reading it");
+  }
+  p.mask.values = static_cast<const uint8_t*>(mask.data_ptr());
+  const int64_t bytes = mask.element_size();
+  p.mask.values_batch_stride = mask.stride(0) * bytes, p.mask.values_head_stride = mask.stride(1) * bytes;
+  p.mask.values_row_stride = mask.stride(2) * bytes, p.mask.values_col_stride = mask.stride(3) * bytes;
+  // The inverse of the scale the kernels apply (scale_log2 may be held off 0).
+  constexpr double kLog2e = 1.4426950408889634;
+  p.mask.values_scale = static_cast<float>(kLog2e / p.scale_log2);
 }
 
 void fill_bwd(AttnBwdParams& p, const at::Tensor& grad_out, const at::Tensor& dq, const at::Tensor& dk,

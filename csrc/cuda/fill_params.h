@@ -11,7 +11,8 @@ namespace tfb {
 void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& lse, const AttnShape& s, double scale, bool is_causal, int num_sms);
 
-// The mask check_mask() returned (a (B, Hq, L, S) bool view); none when undefined.
+// The mask check_mask() returned (a (B, Hq, L, S) view, boolean or additive),
+// after fill_fwd (it reads the scale); none when undefined.
 void fill_mask(AttnFwdParams& p, const at::Tensor& mask);
 
 // fill_fwd plus the gradients; p.deterministic follows

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "params.h"
+
 #if defined(__CUDACC__)
 #define TFB_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -113,7 +115,10 @@ TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right,
 // a thread loads a word per row of its fragment where a byte per score would
 // cost a load each, and finds each score's bit at a compile-time place.
 // Rows past len_q are never read.
-enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2 };
+// An additive mask's tiles are kinds of the same three where its values are
+// 0 (visible) and -inf (hidden) alone; a tile holding any other value is
+// kAdditive, and reads the values themselves (mask_apply.h add_values).
+enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2, kAdditive = 3 };
 
 struct FromMemory {
   int len_q;
@@ -123,6 +128,11 @@ struct FromMemory {
   const uint64_t* bits;       // (len_q, words): key tile n's keys in words [n * tile_words, (n + 1) * tile_words)
   int words;                  // row stride of bits; 0 for a mask the same for every row
   int tile_keys;              // the walk's key tile
+  // The mask itself, for kAdditive tiles: batch b, head h's plane, strides in bytes.
+  const uint8_t* values;
+  int64_t row_stride, col_stride;
+  MaskValues type;
+  float values_scale;  // MaskArgs::values_scale
 
   TFB_HOST_DEVICE int key_begin(int) const { return 0; }
   TFB_HOST_DEVICE int key_end(int) const { return len_k; }

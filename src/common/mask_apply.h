@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/mask.h"
+#include "common/mask_values.h"
 
 namespace tfb {
 namespace mask {
@@ -95,6 +96,35 @@ CUTE_DEVICE void apply_rows(FromMemory const& m, RowCol& s, Coord const& coord, 
       s(r, c) = keep ? s(r, c) : hidden;
     }
   }
+}
+
+// An additive mask's tile (TileKind::kAdditive) on key tile n0, held as
+// (row, col) views: each unscaled score gains its value times `inv_scale`
+// (mask_values.h add_additive; the kernel's 1 / scale, so that the scaled
+// score is scale * q.k + value). Keys past len_k become `past_end`; rows past
+// len_q read nothing and gain 0. The values load per score, in their own
+// type: such tiles cost a read of the mask's bytes, not of a bit each.
+template <class RowCol, class Coord>
+CUTE_DEVICE void add_values(FromMemory const& m, RowCol& s, Coord const& coord, int m0, int n0, float inv_scale,
+                            float past_end) {
+  constexpr int kRows = decltype(cute::size<0>(s))::value;
+  constexpr int kCols = decltype(cute::size<1>(s))::value;
+  const int col_limit = m.len_k - n0;
+  with_value_type(m.type, [&](auto type) {
+    constexpr MaskValues kType = decltype(type)::value;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int row = m0 + cute::get<0>(coord(r, 0));
+      const uint8_t* at = m.values + int64_t(row < m.len_q ? row : 0) * m.row_stride + int64_t(n0) * m.col_stride;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        const int col = cute::get<1>(coord(r, c));
+        const bool in = col < col_limit;
+        const float v = in && row < m.len_q ? load_value<kType>(at + col * m.col_stride) : 0.f;
+        s(r, c) = in ? add_additive(s(r, c), v, inv_scale) : past_end;
+      }
+    }
+  });
 }
 
 }  // namespace mask

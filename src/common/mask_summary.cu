@@ -1,9 +1,11 @@
 // The mask pre-pass (mask_summary.h): a warp per tile reads the tile's mask
-// bytes 16 keys at a time, packs them into bits (mask.h FromMemory's words)
-// and writes the tile's kind.
+// 16 keys at a time, packs it into bits (mask.h FromMemory's words: nonzero
+// bytes, or additive values other than -inf) and writes the tile's kind.
 #include "common/mask_summary.h"
 
 #include <algorithm>
+
+#include "common/mask_values.h"
 
 namespace tfb {
 namespace mask {
@@ -14,7 +16,8 @@ struct SummaryArgs {
   int64_t batch_stride, head_stride, row_stride, col_stride;
   int len_q, len_k, tile_m, tile_n;
   SummaryShape shape;
-  bool vectors;  // 16-byte loads: contiguous keys, rows and planes on 16-byte boundaries, len_k % 16 == 0
+  MaskValues type;
+  bool vectors;  // boolean, 16-byte loads: contiguous keys, rows and planes on 16-byte boundaries, len_k % 16 == 0
   uint8_t* kinds;
   uint16_t* bits;  // the bit planes seen as 16-key pieces
   int tile_words;  // 64-bit words per key tile and row
@@ -82,6 +85,36 @@ __device__ __forceinline__ void scan_tile(const SummaryArgs& a, const uint8_t* b
   }
 }
 
+// One tile of an additive mask, a 16-key piece per lane at a time: a bit per
+// value other than -inf, and `additive` where a value is neither 0 nor -inf
+// (such a tile reads the values themselves).
+template <MaskValues kType>
+__device__ __forceinline__ void scan_tile_values(const SummaryArgs& a, const uint8_t* base, uint16_t* out, int rows,
+                                                 int write_rows, int cols, int lane, bool& visible, bool& hidden,
+                                                 bool& additive) {
+  const int pieces_per_row = a.shape.words * 4;
+  const int pieces = (cols + 15) / 16;
+  const int items = rows * pieces;
+  for (int i = lane; i < items; i += 32) {
+    const int r = i / pieces, c = i - r * pieces;
+    const int n = min(16, cols - c * 16);
+    const uint8_t* at = base + r * a.row_stride + c * 16 * a.col_stride;
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) v[k] = k < n ? load_value<kType>(at + k * a.col_stride) : 0.f;
+    uint32_t b16 = 0;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const bool shown = v[k] != -INFINITY;
+      b16 |= uint32_t(shown && k < n) << k;
+      additive |= shown && v[k] != 0.f;  // NaN too
+    }
+    visible |= b16 != 0;
+    hidden |= b16 != (1u << n) - 1;
+    if (r < write_rows) out[int64_t(r) * pieces_per_row + c] = uint16_t(b16);
+  }
+}
+
 __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -102,16 +135,24 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
     const int write_rows = one_row ? (m_block == 0 ? 1 : 0) : rows;
     // A mask the same for every row: its first row says the tile's kind.
     const int scan_rows = a.row_stride == 0 ? 1 : rows;
-    bool visible = false, hidden = false;
-    if (a.vectors) {
+    bool visible = false, hidden = false, additive = false;
+    if (a.type != MaskValues::kBool) {
+      with_value_type(a.type, [&](auto type) {
+        scan_tile_values<decltype(type)::value>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden,
+                                                additive);
+      });
+    } else if (a.vectors) {
       scan_tile<true>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden);
     } else {
       scan_tile<false>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden);
     }
     visible = __any_sync(0xffffffffu, visible);
     hidden = __any_sync(0xffffffffu, hidden);
+    additive = __any_sync(0xffffffffu, additive);
     if (lane == 0) {
-      a.kinds[t] = uint8_t(hidden ? (visible ? TileKind::kMixed : TileKind::kHidden) : TileKind::kVisible);
+      a.kinds[t] = uint8_t(additive ? TileKind::kAdditive
+                           : hidden ? (visible ? TileKind::kMixed : TileKind::kHidden)
+                                    : TileKind::kVisible);
     }
   }
 }
@@ -125,9 +166,9 @@ cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, c
   uint8_t* kinds = static_cast<uint8_t*>(scratch);
   uint64_t* bits = reinterpret_cast<uint64_t*>(kinds + shape.kinds_bytes());
   SummaryArgs a{m.values, m.values_batch_stride, m.values_head_stride, m.values_row_stride, m.values_col_stride,
-                p.len_q, p.len_k, tile_m, tile_n, shape, false, kinds, reinterpret_cast<uint16_t*>(bits),
-                FromMemory::tile_words(tile_n)};
-  a.vectors = a.col_stride == 1 && reinterpret_cast<uintptr_t>(a.values) % 16 == 0 && a.row_stride % 16 == 0 &&
+                p.len_q, p.len_k, tile_m, tile_n, shape, m.values_type, false, kinds,
+                reinterpret_cast<uint16_t*>(bits), FromMemory::tile_words(tile_n)};
+  a.vectors = a.type == MaskValues::kBool && a.col_stride == 1 && reinterpret_cast<uintptr_t>(a.values) % 16 == 0 && a.row_stride % 16 == 0 &&
               a.batch_stride % 16 == 0 && a.head_stride % 16 == 0 && p.len_k % 16 == 0;
   const int64_t blocks = std::min<int64_t>((shape.tiles() + 7) / 8, int64_t(1) << 20);
   summarize_kernel<<<unsigned(blocks), 256, 0, stream>>>(a);

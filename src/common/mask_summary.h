@@ -62,7 +62,12 @@ TFB_HOST_DEVICE FromMemory from_memory(const MaskArgs& m, int b, int h, int len_
           m.tile_kinds_n_blocks,
           m.bits + b * m.bits_batch_stride + h * m.bits_head_stride,
           m.bits_words,
-          m.tile_keys};
+          m.tile_keys,
+          m.values + b * m.values_batch_stride + h * m.values_head_stride,
+          m.values_row_stride,
+          m.values_col_stride,
+          m.values_type,
+          m.values_scale};
 }
 TFB_HOST_DEVICE FromMemory from_memory(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
   return from_memory(p.mask, b, h, len_q, len_k);

@@ -20,7 +20,8 @@ constexpr int kStages = 3;          // tiles in a warp's ring: two in flight whi
 // sees, in shared memory after the rings, and the warps take the listed tiles
 // alone: a static cache's unused tail costs a read of its mask bytes, not of
 // its keys. An entry is the tile's index in the split, its top bit set when
-// the mask hides some of the tile (those tiles read the mask per score).
+// the mask hides some of the tile or adds a value other than 0 to a score
+// (those tiles read the mask per score).
 constexpr int kMaxListedTiles = 2048;                    // a masked split's tiles at most
 constexpr int kMaxMaskedSplitKeys = kMaxListedTiles * kTileKeys;
 constexpr int kMaxSplits = 128;

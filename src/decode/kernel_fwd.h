@@ -29,12 +29,14 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/mask.h"
+#include "common/mask_values.h"
 #include "decode/config.h"
 #include "params.h"
 
 namespace tfb::decode {
 
 constexpr float kLn2 = 0.69314718055994531f;
+constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -119,14 +121,23 @@ __device__ __forceinline__ void let_next_grid_launch() {
 // Whether one of the four bytes of w is zero.
 __device__ __forceinline__ bool has_zero_byte(uint32_t w) { return ((w - 0x01010101u) & ~w & 0x80808080u) != 0; }
 
-// Over the keys [key0, min(key0 + kTileKeys, end)) of one mask row (a byte per
-// key, col_stride apart): whether one is visible (any) and one hidden.
-__device__ __forceinline__ void scan_mask_row(const uint8_t* row, int64_t col_stride, int key0, int end, bool& any,
-                                              bool& hidden) {
+// Over the keys [key0, min(key0 + kTileKeys, end)) of one mask row (an
+// element per key, col_stride bytes apart): whether one is visible (any) and
+// one needs its own look (hidden: a boolean 0, an additive value other than 0).
+__device__ __forceinline__ void scan_mask_row(const uint8_t* row, int64_t col_stride, MaskValues type, int key0,
+                                              int end, bool& any, bool& hidden) {
   const int n = min(kTileKeys, end - key0);
   if (n <= 0) return;
   const uint8_t* keys = row + key0 * col_stride;
-  if (col_stride == 1 && n == kTileKeys && reinterpret_cast<uintptr_t>(keys) % 16 == 0) {
+  if (type != MaskValues::kBool) {
+    mask::with_value_type(type, [&](auto t) {
+      for (int j = 0; j < n; ++j) {
+        const float v = mask::load_value<decltype(t)::value>(keys + j * col_stride);
+        any |= v != -INFINITY;
+        hidden |= v != 0.f;
+      }
+    });
+  } else if (col_stride == 1 && n == kTileKeys && reinterpret_cast<uintptr_t>(keys) % 16 == 0) {
     const uint4 x = *reinterpret_cast<const uint4*>(keys);
     any |= (x.x | x.y | x.z | x.w) != 0;
     hidden |= has_zero_byte(x.x) || has_zero_byte(x.y) || has_zero_byte(x.z) || has_zero_byte(x.w);
@@ -212,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
         const int key0 = split_begin + tile * kTileKeys;
         for (int r = row0; r <= last_row; ++r) {
           const int end = min(split_end, band.key_end(rows.position(r)));
-          scan_mask_row(mask_row(r), p.mask.values_col_stride, key0, end, any, hidden);
+          scan_mask_row(mask_row(r), p.mask.values_col_stride, p.mask.values_type, key0, end, any, hidden);
         }
       }
       const unsigned live = __ballot_sync(0xffffffffu, any);
@@ -289,19 +300,35 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     const Element* vs = v_tile(t % S::kStages);
     const int key0 = tile_key0(t);
 
-    // The mask's bytes for the thread's scores, where it hides part of the
-    // tile; loaded before the products so that their latency hides behind them.
-    bool hidden[2][4] = {};
+    // What the mask adds to the thread's scaled scores (log2 units: -inf
+    // hides, an additive value v gives v log2(e); `replaced`: a value beyond
+    // mask_values.h's limit, which takes the score's place), where it hides
+    // part of the tile or adds to it; loaded before the products so that
+    // their latency hides behind them.
+    float bias[2][4] = {};
+    uint32_t replaced = 0;  // bit 4h + j
     if constexpr (kMasked) {
       if (list[t * kWarps + warp] & kPartlyHidden) {
+        auto read = [&](auto value_of) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < 2; ++h) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int key = key0 + (j / 2) * 8 + pair + j % 2;
-            hidden[h][j] = my_mask_rows[h] != nullptr && key < split_end &&
-                           my_mask_rows[h][key * p.mask.values_col_stride] == 0;
+            for (int j = 0; j < 4; ++j) {
+              const int key = key0 + (j / 2) * 8 + pair + j % 2;
+              if (my_mask_rows[h] != nullptr && key < split_end) {
+                const float v = value_of(my_mask_rows[h] + key * p.mask.values_col_stride);
+                bias[h][j] = mask::add_additive(0.f, v, kLog2e);
+                replaced |= uint32_t(mask::beyond_limit(v)) << (4 * h + j);
+              }
+            }
           }
+        };
+        if (p.mask.values_type == MaskValues::kBool) {
+          read([](const uint8_t* at) { return *at == 0 ? -INFINITY : 0.f; });
+        } else {
+          mask::with_value_type(p.mask.values_type, [&](auto type) {
+            read([](const uint8_t* at) { return mask::load_value<decltype(type)::value>(at); });
+          });
         }
       }
     }
@@ -325,8 +352,10 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int key = key0 + (j / 2) * 8 + pair + j % 2;
-        const bool live = key < split_end && key < key_end_row[h] && !hidden[h][j];
-        x[j] = live ? s[j / 2][2 * h + j % 2] * p.scale_log2 : -INFINITY;
+        const bool live = key < split_end && key < key_end_row[h] && bias[h][j] != -INFINITY;
+        const float score = s[j / 2][2 * h + j % 2];
+        const float scaled = replaced >> (4 * h + j) & 1 ? bias[h][j] : fmaf(score, p.scale_log2, bias[h][j]);
+        x[j] = live ? scaled : -INFINITY;
       }
       float tile_max = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));

@@ -221,7 +221,12 @@ struct BwdMainloop {
         }
       };
       if constexpr (mask::kReadsMemory<Policy>) {
-        if (need_mask) {
+        if (need_mask && mask.policy.kind(cur.m_block, blk.n_block) == mask::TileKind::kAdditive) {
+          // Additive tiles: scale (q.k + value / scale) is scale q.k + value
+          // whatever scale's sign; keys past len_k take P = 0.
+          mask::add_values(mask.policy, prob, coord, m0, n0, mask.policy.values_scale, 0.f);
+          exp_scores(cute::true_type{}, [&](int) { return mask.policy.len_k - n0; });
+        } else if (need_mask) {
           // Mixed tiles: P of the scores the mask hides becomes 0 (after the
           // exp2: a hidden score of -inf times a negative scale would give inf).
           exp_scores(cute::false_type{}, [](int) { return kN; });

@@ -143,7 +143,13 @@ struct FwdMainloop {
       Tensor s = acc_rowcol(acc_s);
       if (mask.needs_predicate(m_block, n_block)) {
         if constexpr (mask::kReadsMemory<Policy>) {
-          mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
+          if (mask.policy.kind(m_block, n_block) == mask::TileKind::kAdditive) {
+            // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
+            mask::add_values(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN,
+                             fabsf(mask.policy.values_scale), -INFINITY);
+          } else {
+            mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
+          }
         } else {
           mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
         }

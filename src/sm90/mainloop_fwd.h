@@ -163,7 +163,13 @@ struct FwdMainloop {
         if constexpr (mask::kReadsMemory<Policy>) {
           Tensor s = acc_rowcol(acc_s);
           Tensor coord = acc_rowcol(tScS);
-          mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
+          if (mask.policy.kind(m_block, n_block) == mask::TileKind::kAdditive) {
+            // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
+            mask::add_values(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN,
+                             fabsf(mask.policy.values_scale), -INFINITY);
+          } else {
+            mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
+          }
         } else {
           mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
         }
