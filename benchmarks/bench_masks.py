@@ -14,6 +14,10 @@ or an additive one (bf16, added to the scaled scores):
   padding-additive  the padding mask as 0 / -inf (what SDPA turns a boolean mask into)
   alibi      (1, H, L, S) ALiBi: -slope(head) x distance below the diagonal, -inf above
              (causal), B 4, L 4K: every visible tile reads its values
+  padding-min  (B, 1, 1, S) the padding mask as 0 / finfo.min (older Hugging Face code):
+             finite values, so the padded tiles read them (one row per tile)
+  causal-min (B, 1, L, S) causal and padding as 0 / finfo.min (older Hugging Face code's 4-D
+             mask): every tile above the diagonal reads its values
 
 Columns: milliseconds of "ours" (the ops on the masked call, the router's
 families), "ours-plain" (ours without the mask: not causal for keep-all,
@@ -43,8 +47,10 @@ MASKS = {  # name: (batch, length)
     "random": (4, 4096),
     "padding-additive": (4, 4096),
     "alibi": (4, 4096),
+    "padding-min": (4, 4096),
+    "causal-min": (4, 4096),
 }
-CAUSAL = ("window", "alibi")  # ours-plain runs these causal
+CAUSAL = ("window", "alibi", "causal-min")  # ours-plain runs these causal
 PYTORCH = {"default": None, "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
@@ -69,6 +75,12 @@ def make_mask(kind, b, length):
         distance = (keys[:, None] - keys[None, :]).float()  # row - key
         bias = -(slopes[:, None, None] * distance).masked_fill(distance < 0, float("inf"))
         return bias.to(torch.bfloat16)[None]
+    if kind in ("padding-min", "causal-min"):
+        keep = make_mask("padding", b, length)
+        if kind == "causal-min":
+            keep = keep & (keys[None, :] <= keys[:, None])
+        low = torch.finfo(torch.bfloat16).min
+        return torch.zeros(keep.shape, device="cuda", dtype=torch.bfloat16).masked_fill(~keep, low)
     raise ValueError(kind)
 
 

@@ -3,9 +3,10 @@ q's dtype or float32, as SDPA takes it: the CPU ops, enable(), explain() and
 flash_attn, then every CUDA family against the float64 reference.
 
 The pre-pass sorts each tile as all visible (every value 0), all hidden (every
-value -inf), mixed (0 and -inf alone: read as bits) or additive (any other
-value: read per score); the masks here hold all four kinds. A mask of
--finfo.max values (Hugging Face's padding) leaves rows it covers entirely with
+value -inf), mixed (0 and -inf alone: read as bits), floored (0 and values
+beyond -65536 alone: bits, the others' logit the limit) or additive (any other
+value: read per score); the masks here hold all five kinds. A mask of
+finfo.min values (Hugging Face's padding) leaves rows it covers entirely with
 uniform weights, as PyTorch's SDPA gives; rows of -inf give 0, as a boolean
 mask's. A mask that requires grad falls back (the kernels give it no gradient).
 """
@@ -32,8 +33,9 @@ def make_mask(kind, b, hq, length, s, dtype, device="cpu", seed=0):
     g = torch.Generator().manual_seed(seed * 7919 + b * 31 + length * 17 + s)
     if kind == "bias":  # finite values everywhere: every tile reads them
         mask = torch.randn(b, hq, length, s, generator=g) * 3
-    elif kind == "kinds":  # 64 x 64 blocks of each tile kind: 0, -inf, 0 and -inf, finite values
-        pick = torch.randint(0, 4, (b, hq, (length + 63) // 64, (s + 63) // 64), generator=g)
+    elif kind == "kinds":  # 64 x 64 blocks of each tile kind: 0, -inf, 0 and -inf, finite values,
+        # -1e30 (beyond the limit: floored), 0 and -1e30 (float16 holds -1e30 as -inf)
+        pick = torch.randint(0, 6, (b, hq, (length + 63) // 64, (s + 63) // 64), generator=g)
         pick = pick.repeat_interleave(64, 2).repeat_interleave(64, 3)[:, :, :length, :s]
         values = torch.randn(b, hq, length, s, generator=g)
         holes = torch.rand(b, hq, length, s, generator=g) > 0.5
@@ -41,6 +43,9 @@ def make_mask(kind, b, hq, length, s, dtype, device="cpu", seed=0):
         mask[pick == 1] = NEG_INF
         mask[(pick == 2) & holes] = NEG_INF
         mask[pick == 3] = values[pick == 3]
+        mask[pick == 4] = -1e30
+        mask[(pick == 5) & holes] = -1e30
+        mask[..., 0] = values[..., 0]  # every row sees a key short of the limit (min-kind rows test the others)
         mask[..., length // 2, :] = NEG_INF  # a row that sees nothing
     elif kind == "min":  # Hugging Face's padding: the dtype's lowest value on each batch row's padded keys
         valid = torch.randint(1, s + 1, (b,), generator=g)
@@ -335,11 +340,11 @@ def test_cuda_hidden_tiles_are_skipped(family, all_families):
     mask[..., 768:] = NEG_INF
     k[:, :, 256:512] = float("nan")
     v[:, :, 768:] = float("nan")
-    out, _ = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
+    out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
     ref, _ = attention_ref(q, k.nan_to_num(0), v.nan_to_num(0), attn_mask=mask)
     assert torch.isfinite(out).all() and max_err(out, ref) < 2e-2
     if family == "sm80":
-        dq, dk, dv = ops.bwd(torch.randn_like(q), q, k, v, out, _, None, False, "sm80", attn_mask=mask)
+        dq, dk, dv = ops.bwd(torch.randn_like(q), q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
         assert torch.isfinite(dq).all() and (dk[:, :, 256:512] == 0).all() and (dv[:, :, 768:] == 0).all()
 
 

@@ -116,11 +116,20 @@ TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right,
 // cost a load each, and finds each score's bit at a compile-time place.
 // Rows past len_q are never read.
 // An additive mask's tiles are kinds of the same three where its values are
-// 0 (visible) and -inf (hidden) alone; a tile holding any other value is
-// kAdditive, and reads the values themselves (mask_apply.h add_values).
-enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2, kAdditive = 3 };
+// 0 (visible) and -inf (hidden) alone. A tile of 0 and values beyond
+// mask_values.h's negative limit alone (finfo.min padding) is kFloored: its
+// bits say which pairs keep their score, the others take the limit as their
+// logit, as add_additive gives them, without reading a value. A tile holding
+// any other value (or both -inf and such values) is kAdditive, and reads the
+// values themselves (mask_apply.h add_values).
+enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2, kAdditive = 3, kFloored = 4 };
 
-struct FromMemory {
+// kAdditive_: the mask may be additive (its kernels read kAdditive and
+// kFloored tiles); a boolean mask's kernels are compiled without that code,
+// which cost them 12-35% of their speed (benchmarks/RESULTS.md v22).
+template <bool kAdditive_>
+struct FromMemoryOf {
+  static constexpr bool kAdditive = kAdditive_;
   int len_q;
   int len_k;
   const uint8_t* tile_kinds;  // (m_blocks, n_blocks) row-major for the walk's tile shape
@@ -150,10 +159,18 @@ struct FromMemory {
   }
 };
 
+using FromMemory = FromMemoryOf<false>;          // a boolean attn_mask
+using FromMemoryAdditive = FromMemoryOf<true>;   // an additive one
+
 template <class Policy>
 constexpr bool kReadsMemory = false;
+template <bool kAdditive>
+constexpr bool kReadsMemory<FromMemoryOf<kAdditive>> = true;
+
+template <class Policy>
+constexpr bool kAddsValues = false;
 template <>
-constexpr bool kReadsMemory<FromMemory> = true;
+constexpr bool kAddsValues<FromMemoryAdditive> = true;
 
 // A policy seen through tiles of kBlockM rows by kBlockN keys.
 template <int kBlockM, int kBlockN, class Policy_>

@@ -66,13 +66,15 @@ CUTE_DEVICE void apply_by_row_limit(Policy const& band, Acc& acc, Coord const& c
 // by the column itself, the words went to local memory: 500-900 bytes of
 // spills in the sm90 forward). Rows past len_q and keys past len_k are hidden
 // without a read. Hidden elements become `hidden` (scores: -inf;
-// probabilities: 0).
-template <int kTileKeys, class RowCol, class Coord>
-CUTE_DEVICE void apply_rows(FromMemory const& m, RowCol& s, Coord const& coord, int m0, int n0,
-                            float hidden = -INFINITY) {
+// probabilities: 0). An additive mask's kernel (M::kAdditive) also reads
+// kFloored tiles here: their pairs without a bit take `hidden` (the limit's
+// logit), keys past len_k `past_end`.
+template <int kTileKeys, class M, class RowCol, class Coord>
+CUTE_DEVICE void apply_rows(M const& m, RowCol& s, Coord const& coord, int m0, int n0, float hidden = -INFINITY,
+                            float past_end = -INFINITY) {
   constexpr int kRows = decltype(cute::size<0>(s))::value;
   constexpr int kCols = decltype(cute::size<1>(s))::value;
-  constexpr int kWords = FromMemory::tile_words(kTileKeys);
+  constexpr int kWords = M::tile_words(kTileKeys);
   const int col_limit = m.len_k - n0;
   const int base = cute::get<1>(coord(0, 0));  // the thread's first column
   const int first_word = base / 64, shift = base % 64;
@@ -92,8 +94,13 @@ CUTE_DEVICE void apply_rows(FromMemory const& m, RowCol& s, Coord const& coord, 
     for (int c = 0; c < kCols; ++c) {
       const int col = cute::get<1>(coord(r, c));
       const int off = col - base;  // a constant once unrolled
-      const bool keep = col < col_limit && (v[off / 64] >> (off % 64)) & 1;
-      s(r, c) = keep ? s(r, c) : hidden;
+      if constexpr (M::kAdditive) {
+        const bool bit = (v[off / 64] >> (off % 64)) & 1;
+        s(r, c) = col >= col_limit ? past_end : bit ? s(r, c) : hidden;
+      } else {
+        const bool keep = col < col_limit && (v[off / 64] >> (off % 64)) & 1;
+        s(r, c) = keep ? s(r, c) : hidden;
+      }
     }
   }
 }
@@ -105,8 +112,8 @@ CUTE_DEVICE void apply_rows(FromMemory const& m, RowCol& s, Coord const& coord, 
 // len_q read nothing and gain 0. The values load per score, in their own
 // type: such tiles cost a read of the mask's bytes, not of a bit each.
 template <class RowCol, class Coord>
-CUTE_DEVICE void add_values(FromMemory const& m, RowCol& s, Coord const& coord, int m0, int n0, float inv_scale,
-                            float past_end) {
+CUTE_DEVICE void add_values(FromMemoryAdditive const& m, RowCol& s, Coord const& coord, int m0, int n0,
+                            float inv_scale, float past_end) {
   constexpr int kRows = decltype(cute::size<0>(s))::value;
   constexpr int kCols = decltype(cute::size<1>(s))::value;
   const int col_limit = m.len_k - n0;

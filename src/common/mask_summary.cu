@@ -86,12 +86,13 @@ __device__ __forceinline__ void scan_tile(const SummaryArgs& a, const uint8_t* b
 }
 
 // One tile of an additive mask, a 16-key piece per lane at a time: a bit per
-// value other than -inf, and `additive` where a value is neither 0 nor -inf
-// (such a tile reads the values themselves).
+// value 0 (the pair keeps its score), and which other values it holds: -inf
+// (hidden), values beyond mask_values.h's negative limit (floored), others
+// (additive: such a tile reads the values themselves).
 template <MaskValues kType>
 __device__ __forceinline__ void scan_tile_values(const SummaryArgs& a, const uint8_t* base, uint16_t* out, int rows,
                                                  int write_rows, int cols, int lane, bool& visible, bool& hidden,
-                                                 bool& additive) {
+                                                 bool& floored, bool& additive) {
   const int pieces_per_row = a.shape.words * 4;
   const int pieces = (cols + 15) / 16;
   const int items = rows * pieces;
@@ -105,12 +106,14 @@ __device__ __forceinline__ void scan_tile_values(const SummaryArgs& a, const uin
     uint32_t b16 = 0;
 #pragma unroll
     for (int k = 0; k < 16; ++k) {
-      const bool shown = v[k] != -INFINITY;
-      b16 |= uint32_t(shown && k < n) << k;
-      additive |= shown && v[k] != 0.f;  // NaN too
+      const bool in = k < n, zero = v[k] == 0.f, minus_inf = v[k] == -INFINITY;
+      const bool low = v[k] < 0.f && beyond_limit(v[k]);
+      b16 |= uint32_t(in && zero) << k;
+      hidden |= in && minus_inf;
+      floored |= in && low;
+      additive |= in && !zero && !minus_inf && !low;  // NaN too
     }
     visible |= b16 != 0;
-    hidden |= b16 != (1u << n) - 1;
     if (r < write_rows) out[int64_t(r) * pieces_per_row + c] = uint16_t(b16);
   }
 }
@@ -135,11 +138,11 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
     const int write_rows = one_row ? (m_block == 0 ? 1 : 0) : rows;
     // A mask the same for every row: its first row says the tile's kind.
     const int scan_rows = a.row_stride == 0 ? 1 : rows;
-    bool visible = false, hidden = false, additive = false;
+    bool visible = false, hidden = false, floored = false, additive = false;
     if (a.type != MaskValues::kBool) {
       with_value_type(a.type, [&](auto type) {
         scan_tile_values<decltype(type)::value>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden,
-                                                additive);
+                                                floored, additive);
       });
     } else if (a.vectors) {
       scan_tile<true>(a, base, out, scan_rows, write_rows, cols, lane, visible, hidden);
@@ -148,11 +151,13 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
     }
     visible = __any_sync(0xffffffffu, visible);
     hidden = __any_sync(0xffffffffu, hidden);
+    floored = __any_sync(0xffffffffu, floored);
     additive = __any_sync(0xffffffffu, additive);
-    if (lane == 0) {
-      a.kinds[t] = uint8_t(additive ? TileKind::kAdditive
-                           : hidden ? (visible ? TileKind::kMixed : TileKind::kHidden)
-                                    : TileKind::kVisible);
+    if (lane == 0) {  // one bit per pair cannot tell -inf from the limit: a tile of both reads its values
+      a.kinds[t] = uint8_t(additive || (floored && hidden) ? TileKind::kAdditive
+                           : floored                       ? TileKind::kFloored
+                           : hidden                        ? (visible ? TileKind::kMixed : TileKind::kHidden)
+                                                           : TileKind::kVisible);
     }
   }
 }

@@ -49,13 +49,18 @@ inline size_t summary_bytes(const AttnFwdParams& p, int tile_m, int tile_n) {
   return summary_shape(p, tile_m, tile_n).bytes();
 }
 
+// Whether a launcher runs the additive kernel (FromMemoryAdditive) for p's mask.
+inline bool additive(const AttnFwdParams& p) { return p.mask.values_type != MaskValues::kBool; }
+
 // Writes the summary for tiles of tile_m x tile_n (tile_n a multiple of 16)
 // into `scratch` (summary_bytes of it, 16-byte aligned) and points
 // p.mask.tile_kinds, p.mask.bits and their strides at it.
 cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream);
 
-// Batch b, query head h's mask, for a kernel whose tiles summarize() saw.
-TFB_HOST_DEVICE FromMemory from_memory(const MaskArgs& m, int b, int h, int len_q, int len_k) {
+// Batch b, query head h's mask, for a kernel whose tiles summarize() saw
+// (Policy: FromMemory or FromMemoryAdditive).
+template <class Policy = FromMemory>
+TFB_HOST_DEVICE Policy from_memory(const MaskArgs& m, int b, int h, int len_q, int len_k) {
   return {len_q,
           len_k,
           m.tile_kinds + b * m.tile_kinds_batch_stride + h * m.tile_kinds_head_stride,
@@ -69,8 +74,9 @@ TFB_HOST_DEVICE FromMemory from_memory(const MaskArgs& m, int b, int h, int len_
           m.values_type,
           m.values_scale};
 }
-TFB_HOST_DEVICE FromMemory from_memory(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
-  return from_memory(p.mask, b, h, len_q, len_k);
+template <class Policy = FromMemory>
+TFB_HOST_DEVICE Policy from_memory(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
+  return from_memory<Policy>(p.mask, b, h, len_q, len_k);
 }
 
 // The policy a kernel built for Policy reads for batch b, query head h: the
@@ -78,7 +84,7 @@ TFB_HOST_DEVICE FromMemory from_memory(const AttnFwdParams& p, int b, int h, int
 template <class Policy>
 TFB_HOST_DEVICE Policy policy_of(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
   if constexpr (kReadsMemory<Policy>) {
-    return from_memory(p, b, h, len_q, len_k);
+    return from_memory<Policy>(p, b, h, len_q, len_k);
   } else {
     return causal_if(p.is_causal, p.mask.bottom_right, len_q, len_k);
   }

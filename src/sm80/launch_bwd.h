@@ -42,6 +42,7 @@ cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cud
   void* scratch = static_cast<char*>(params.workspace) + bwd_workspace_size(params);
   const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, scratch, stream);
   if (err != cudaSuccess) return err;
+  if (mask::additive(params)) return launch_main_with<Traits, mask::FromMemoryAdditive>(masked, ws, stream);
   return launch_main_with<Traits, mask::FromMemory>(masked, ws, stream);
 }
 

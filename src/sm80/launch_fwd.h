@@ -41,6 +41,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
   AttnFwdParams masked = params;
   const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
   if (err != cudaSuccess) return err;
+  if (mask::additive(params)) return launch_kernel<Traits, mask::FromMemoryAdditive>(masked, stream);
   return launch_kernel<Traits, mask::FromMemory>(masked, stream);
 }
 

@@ -221,16 +221,41 @@ struct BwdMainloop {
         }
       };
       if constexpr (mask::kReadsMemory<Policy>) {
-        if (need_mask && mask.policy.kind(cur.m_block, blk.n_block) == mask::TileKind::kAdditive) {
-          // Additive tiles: scale (q.k + value / scale) is scale q.k + value
-          // whatever scale's sign; keys past len_k take P = 0.
-          mask::add_values(mask.policy, prob, coord, m0, n0, mask.policy.values_scale, 0.f);
-          exp_scores(cute::true_type{}, [&](int) { return mask.policy.len_k - n0; });
+        const bool values = [&] {
+          if constexpr (mask::kAddsValues<Policy>) {
+            if (!need_mask) return false;
+            const mask::TileKind kind = mask.policy.kind(cur.m_block, blk.n_block);
+            if (kind == mask::TileKind::kAdditive) {
+              mask::add_values(mask.policy, prob, coord, m0, n0, mask.policy.values_scale, -INFINITY);
+            } else if (kind == mask::TileKind::kFloored) {
+              const float floored = -mask::kAdditiveLimit * mask.policy.values_scale;
+              mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, floored);
+            } else {
+              return false;
+            }
+            return true;
+          }
+          return false;
+        }();
+        if (values) {
+          // Additive and floored tiles: scale (q.k + value / scale) is scale
+          // q.k + value whatever scale's sign. Pairs whose scaled logit is -inf
+          // (hidden) and keys past len_k take P = 0, whatever the row's lse (a
+          // row that sees no key may come with -inf).
+          const int col_end = mask.policy.len_k - n0;
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            CUTE_UNROLL
+            for (int c = 0; c < kCols; ++c) {
+              const float y = prob(r, c) * p.scale_log2;
+              prob(r, c) = get<1>(coord(r, c)) < col_end && y != -INFINITY ? exp2f(y - lse[r]) : 0.f;
+            }
+          }
         } else if (need_mask) {
           // Mixed tiles: P of the scores the mask hides becomes 0 (after the
           // exp2: a hidden score of -inf times a negative scale would give inf).
           exp_scores(cute::false_type{}, [](int) { return kN; });
-          mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, 0.f);
+          mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, 0.f, 0.f);
         } else {
           exp_scores(cute::false_type{}, [](int) { return kN; });
         }

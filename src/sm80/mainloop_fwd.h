@@ -142,14 +142,18 @@ struct FwdMainloop {
       if (flip) negate_scores(acc_s);
       Tensor s = acc_rowcol(acc_s);
       if (mask.needs_predicate(m_block, n_block)) {
-        if constexpr (mask::kReadsMemory<Policy>) {
-          if (mask.policy.kind(m_block, n_block) == mask::TileKind::kAdditive) {
-            // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
-            mask::add_values(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN,
-                             fabsf(mask.policy.values_scale), -INFINITY);
+        if constexpr (mask::kAddsValues<Policy>) {
+          // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
+          const float inv_scale = fabsf(mask.policy.values_scale);
+          const mask::TileKind kind = mask.policy.kind(m_block, n_block);
+          if (kind == mask::TileKind::kAdditive) {
+            mask::add_values(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN, inv_scale, -INFINITY);
           } else {
-            mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
+            const float floored = kind == mask::TileKind::kFloored ? -mask::kAdditiveLimit * inv_scale : -INFINITY;
+            mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN, floored);
           }
+        } else if constexpr (mask::kReadsMemory<Policy>) {
+          mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
         } else {
           mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
         }

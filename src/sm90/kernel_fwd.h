@@ -39,7 +39,8 @@ struct FwdKernelParams {
   CUTE_DEVICE int seqlen_q(int /*batch*/) const { return len_q; }
   CUTE_DEVICE decltype(auto) mask(int batch, int head) const {
     if constexpr (mask::kReadsMemory<Policy>) {
-      return Mask{mask::from_memory(mask_args, batch, head, uniform_mask.policy.len_q, uniform_mask.policy.len_k)};
+      return Mask{
+          mask::from_memory<Policy>(mask_args, batch, head, uniform_mask.policy.len_q, uniform_mask.policy.len_k)};
     } else {
       return (uniform_mask);  // a reference, from the constant bank
     }

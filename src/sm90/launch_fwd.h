@@ -119,6 +119,7 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
     AttnFwdParams masked = params;
     const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
     if (err != cudaSuccess) return err;
+    if (mask::additive(params)) return launch_fwd_with<Traits, mask::FromMemoryAdditive>(masked, stream);
     return launch_fwd_with<Traits, mask::FromMemory>(masked, stream);
   }
   if constexpr (!std::is_void_v<typename Config::ShortCausalTraits>) {

@@ -160,16 +160,22 @@ struct FwdMainloop {
     auto mask_scores = [&](auto& acc_s, int n_block) {
       if (flip) negate_scores(acc_s);
       if (mask.needs_predicate(m_block, n_block)) {
-        if constexpr (mask::kReadsMemory<Policy>) {
+        if constexpr (mask::kAddsValues<Policy>) {
           Tensor s = acc_rowcol(acc_s);
           Tensor coord = acc_rowcol(tScS);
-          if (mask.policy.kind(m_block, n_block) == mask::TileKind::kAdditive) {
-            // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
-            mask::add_values(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN,
-                             fabsf(mask.policy.values_scale), -INFINITY);
+          // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
+          const float inv_scale = fabsf(mask.policy.values_scale);
+          const mask::TileKind kind = mask.policy.kind(m_block, n_block);
+          if (kind == mask::TileKind::kAdditive) {
+            mask::add_values(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN, inv_scale, -INFINITY);
           } else {
-            mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
+            const float floored = kind == mask::TileKind::kFloored ? -mask::kAdditiveLimit * inv_scale : -INFINITY;
+            mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN, floored);
           }
+        } else if constexpr (mask::kReadsMemory<Policy>) {
+          Tensor s = acc_rowcol(acc_s);
+          Tensor coord = acc_rowcol(tScS);
+          mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
         } else {
           mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
         }
