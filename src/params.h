@@ -37,10 +37,6 @@ struct SeqLens {
 // additive float (-inf hides) in one of these types.
 enum class MaskValues : uint8_t { kBool = 0, kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3 };
 
-TFB_PARAMS_HD int mask_value_bytes(MaskValues t) {
-  return t == MaskValues::kBool ? 1 : t == MaskValues::kFloat32 ? 4 : 2;
-}
-
 // Masks beyond SDPA's is_causal flag (common/mask.h): band edges in keys from
 // the row's diagonal, and a mask read from memory with its per-tile summary.
 struct MaskArgs {

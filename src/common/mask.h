@@ -137,7 +137,7 @@ struct FromMemoryOf {
   const uint64_t* bits;       // (len_q, words): key tile n's keys in words [n * tile_words, (n + 1) * tile_words)
   int words;                  // row stride of bits; 0 for a mask the same for every row
   int tile_keys;              // the walk's key tile
-  // The mask itself, for kAdditive tiles: batch b, head h's plane, strides in bytes.
+  // The mask itself, which kAdditive tiles read: batch b, head h's plane, strides in bytes.
   const uint8_t* values;
   int64_t row_stride, col_stride;
   MaskValues type;
