@@ -20,9 +20,11 @@ namespace {
 // One line per family of the registry (src/registry.py): its name and limits.
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
-#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)      \
-  lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok \
-                  " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks " passes=" passes " head_dims=" head_dims);
+#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, passes,   \
+                        head_dims)                                                                               \
+  lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok          \
+                  " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks                             \
+                  " additive_masks=" additive_masks " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;
@@ -50,7 +52,8 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // attn_mask: SDPA's boolean mask (True = take part) or additive mask (q's
   // dtype or float32, added to the scaled scores), broadcastable to
   // (B, Hq, L, S) and read in place; last, so that calls without one keep their
-  // positions. The passes a family's registry entry lists in `masks` read it.
+  // positions. The passes a family's registry entry lists in `masks` read a
+  // boolean one, those in `additive_masks` an additive one.
   // bottom_right: is_causal's diagonal ends at the last key (row i sees keys
   // j <= i + S - L, torch.nn.attention.bias.causal_lower_right, PyTorch's
   // flash ops) instead of SDPA's top-left j <= i; rows before it see no key

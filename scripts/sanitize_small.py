@@ -114,15 +114,16 @@ def decode(head_dims):
 
 
 def masks(head_dims):
-    """The tiled families' masks, forward (sm80, and sm90 on Hopper) and
-    backward (sm80): random per head with rows that see nothing, a padding mask
+    """The tiled families' masks, forward and backward (sm80, and sm90 on
+    Hopper: its backward for boolean masks): random per head with rows that see nothing, a padding mask
     (B, 1, 1, S), a causal band, whole hidden tiles, keys strided, odd lengths,
     GQA, the deterministic backward; additive ones (float32 per head, bf16 blocks)."""
     torch.manual_seed(0)
     built = set(tfb.built_kernels())
     for e in head_dims + [32, 256]:
-        forward_families = ["sm80"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0)
-                                       and f"sm90_fwd_bf16_hdim{e}" in built else [])
+        hopper = torch.cuda.get_device_capability() == (9, 0)
+        forward_families = ["sm80"] + (["sm90"] if hopper and f"sm90_fwd_bf16_hdim{e}" in built else [])
+        backward_families = ["sm80"] + (["sm90"] if hopper and f"sm90_bwd_bf16_hdim{e}" in built else [])
         for (b, hq, hkv, length, s) in ((2, 4, 2, 17, 300), (1, 4, 4, 130, 67), (1, 2, 1, 300, 1000)):
             q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
             k = torch.randn(b, hkv, s + 8, e, device="cuda", dtype=torch.bfloat16)[:, :, :s]
@@ -142,7 +143,8 @@ def masks(head_dims):
                     out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
                 torch.use_deterministic_algorithms(i == 3)
                 try:
-                    ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+                    for family in backward_families if mask.dtype == torch.bool else ["sm80"]:
+                        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, False, family, attn_mask=mask)
                 finally:
                     torch.use_deterministic_algorithms(False)
     torch.cuda.synchronize()

@@ -30,15 +30,21 @@ class Family:
     # Query rows per kv head the family serves at most (the group's heads times the
     # query length); 0: no limit. A family with a limit is the short-query (decode) kind.
     max_rows: int = 0
-    # The passes that read attn_mask, boolean or additive (broadcast with stride 0
-    # where it is), skipping the tiles it hides (src/common/mask_summary.h).
+    # The passes that read a boolean attn_mask (broadcast with stride 0 where it
+    # is), skipping the tiles it hides (src/common/mask_summary.h), and of those
+    # the passes that read an additive one too (None: all of them).
     masks: tuple[str, ...] = ()
+    additive_masks: tuple[str, ...] | None = None
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def dims(self, pass_: str) -> tuple[int, ...]:
         """The head dims of one pass."""
         return dict(self.pass_head_dims).get(pass_, self.head_dims)
+
+    def additive(self) -> tuple[str, ...]:
+        """The passes that read an additive attn_mask."""
+        return self.masks if self.additive_masks is None else self.additive_masks
 
 
 # In the router's order of preference where several run.
@@ -62,8 +68,9 @@ FAMILIES = (
         # only under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
         nvcc_defines=("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
-        stride0_ok=False, align_bytes=16, masks=("fwd",),
-        doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; the forward reads attn_mask",
+        # The backward reads a boolean mask alone (sm80's serves additive ones).
+        stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",),
+        doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; reads attn_mask (the backward a boolean one)",
     ),
     Family(
         name="sm80", passes=("fwd", "bwd"), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,

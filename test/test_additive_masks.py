@@ -349,6 +349,23 @@ def test_cuda_hidden_tiles_are_skipped(family, all_families):
 
 
 @cuda
+def test_cuda_sm90_backward_refuses_additive_masks(all_families):
+    """sm90's backward reads boolean masks alone: pinned to it, an additive
+    mask raises naming the families that read one; unpinned, sm80's serves."""
+    require("sm90", "bwd", torch.bfloat16, 128)
+    require("sm80", "bwd", torch.bfloat16, 128)
+    q, k, v = qkv(1, 2, 2, 200, 300, 128, torch.bfloat16, "cuda")
+    mask = torch.randn(1, 1, 200, 300, device="cuda", dtype=torch.bfloat16)
+    out, lse = ops.fwd(q, k, v, None, False, "sm90", attn_mask=mask)
+    dout = torch.randn_like(out)
+    with pytest.raises(RuntimeError, match="family='sm90' has no backward kernel that reads an additive attn_mask.*sm80"):
+        ops.bwd(dout, q, k, v, out, lse, None, False, "sm90", attn_mask=mask)
+    ours = ops.bwd(dout, q, k, v, out, lse, None, False, None, attn_mask=mask)
+    ref = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    assert all(torch.equal(a, b) for a, b in zip(ours, ref))
+
+
+@cuda
 def test_cuda_enable_and_explain():
     """enable(strict=True) serves a training step with an additive mask; explain
     names it and the share of tiles it hides (-inf everywhere in them)."""

@@ -1,5 +1,5 @@
-"""Boolean attn_mask in the tiled families (sm80), forward and backward, against
-the float64 reference.
+"""Boolean attn_mask in the tiled families (sm80, sm90), forward and backward,
+against the float64 reference.
 
 Masks as callers build them: random per head, padding (each batch row's valid
 length, broadcast over heads and rows), sliding windows of several widths,
@@ -43,11 +43,11 @@ def require(dtype, e, family="sm80", passes=("fwd", "bwd")):
             pytest.skip(f"{family}_{p}_{dn}_hdim{e} not built")
 
 
-def forward_family(e, dtype=torch.bfloat16):
-    """The family that serves a masked forward here: sm90 on Hopper where built, else sm80."""
+def forward_family(e, dtype=torch.bfloat16, pass_="fwd"):
+    """The family that serves a masked pass here: sm90 on Hopper where built, else sm80."""
     dn = "fp16" if dtype == torch.float16 else "bf16"
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    return "sm90" if hopper and f"sm90_fwd_{dn}_hdim{e}" in tfb.built_kernels() else "sm80"
+    return "sm90" if hopper and f"sm90_{pass_}_{dn}_hdim{e}" in tfb.built_kernels() else "sm80"
 
 
 FAMILIES = ["sm80", "sm90"]
@@ -176,7 +176,7 @@ def test_forward_every_head_dim(dtype, e, family):
     check_forward(2, 2, 2, 300, 700, e, dtype, "empty", family)
 
 
-def check_backward(b, hq, hkv, length, s, e, dtype, kind):
+def check_backward(b, hq, hkv, length, s, e, dtype, kind, family="sm80"):
     """The backward op on the reference's out and lse, against float64 autograd."""
     q, k, v, dout = (make(b, h, n, e, dtype) for h, n in ((hq, length), (hkv, s), (hkv, s), (hq, length)))
     mask = make_mask(kind, b, hq, length, s)
@@ -186,10 +186,10 @@ def check_backward(b, hq, hkv, length, s, e, dtype, kind):
     out = out64.detach().to(dtype)
     lse = lse64.detach().float().contiguous()
     poison(q, copies=6)
-    ours = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    ours = ops.bwd(dout, q, k, v, out, lse, None, False, family, attn_mask=mask)
     torch.cuda.synchronize()
     runs = baseline_grads(q, k, v, mask, dout)
-    name = f"b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} mask={kind}"
+    name = f"{family} b{b} h{hq}:{hkv} L{length} S{s} E{e} {dtype} mask={kind}"
     for i, (what, o, r) in enumerate(zip(("dq", "dk", "dv"), ours, ref)):
         worst = max((run[i] for run in runs), key=lambda g: max_err(g, r))
         assert_within_baseline(f"{name} {what}", o, worst, r, floor=1e-4)
@@ -197,34 +197,38 @@ def check_backward(b, hq, hkv, length, s, e, dtype, kind):
     assert (ours[0][empty] == 0).all(), f"{name}: dq of rows that see no key"
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("kind", KINDS)
-def test_backward(kind, shape):
-    require(torch.bfloat16, 128)
+def test_backward(kind, shape, family):
+    require(torch.bfloat16, 128, family, passes=("bwd",))
     torch.manual_seed(hash((kind, shape, 1)) % 2**31)
-    check_backward(*shape, 128, torch.bfloat16, kind)
+    check_backward(*shape, 128, torch.bfloat16, kind, family)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("e", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_backward_every_head_dim(dtype, e):
-    require(dtype, e)
+def test_backward_every_head_dim(dtype, e, family):
+    require(dtype, e, family, passes=("bwd",))
     torch.manual_seed(e + 1)
-    check_backward(2, 4, 2, 200, 333, e, dtype, "blocks")
-    check_backward(1, 2, 2, 129, 250, e, dtype, "empty")
+    check_backward(2, 4, 2, 200, 333, e, dtype, "blocks", family)
+    check_backward(1, 2, 2, 129, 250, e, dtype, "empty", family)
+    check_backward(2, 4, 1, 300, 700, e, dtype, "padding", family)
 
 
-def test_backward_deterministic():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_backward_deterministic(family):
     """torch.use_deterministic_algorithms: the same bits on every run, masked too."""
-    require(torch.bfloat16, 128)
+    require(torch.bfloat16, 128, family, passes=("bwd",))
     q, k, v, dout = (make(2, 4, 500, 128, torch.bfloat16) for _ in range(4))
     mask = make_mask("blocks", 2, 4, 500, 500)
     out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
     with testing.deterministic_algorithms():
-        runs = [ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask) for _ in range(3)]
+        runs = [ops.bwd(dout, q, k, v, out, lse, None, False, family, attn_mask=mask) for _ in range(3)]
     for run in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
-    ref = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
+    ref = ops.bwd(dout, q, k, v, out, lse, None, False, family, attn_mask=mask)
     for a, b in zip(runs[0], ref):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
@@ -234,8 +238,8 @@ def test_hidden_tiles_are_skipped(family):
     """Keys the mask hides in whole 256-key blocks hold NaN; a kernel that
     loaded and multiplied them would put NaN into every row (0 * NaN). The
     tiled kernels skip such tiles, so the output (and sm80's gradients) are
-    finite and right."""
-    require(torch.bfloat16, 128, family, passes=("fwd",))
+    finite and right; so are both backwards' gradients."""
+    require(torch.bfloat16, 128, family)
     b, h, length, s, e = 1, 2, 256, 1024, 128
     q, dout = make(b, h, length, e, torch.bfloat16), make(b, h, length, e, torch.bfloat16)
     k, v = (make(b, h, s, e, torch.bfloat16) for _ in range(2))
@@ -248,31 +252,30 @@ def test_hidden_tiles_are_skipped(family):
     out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
     ref, _ = attention_ref(q.nan_to_num(0), k.nan_to_num(0), v.nan_to_num(0), attn_mask=mask)
     assert torch.isfinite(out).all() and max_err(out, ref) < 2e-2
-    if family == "sm80":
-        dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
-        assert torch.isfinite(dq).all() and (dk[:, :, 256:512] == 0).all() and (dv[:, :, 768:] == 0).all()
+    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, None, False, family, attn_mask=mask)
+    assert torch.isfinite(dq).all() and (dk[:, :, 256:512] == 0).all() and (dv[:, :, 768:] == 0).all()
 
 
 def test_enable_serves_masked_training():
     """Under enable(strict=True) a boolean mask with a long query and grad runs
-    our kernels both ways (on Hopper the sm90 forward and the sm80 backward:
-    sm90's backward reads no mask yet), as a padded Hugging Face batch passes
-    it; the grads match float64's."""
+    our kernels both ways (sm90's on Hopper), as a padded Hugging Face batch
+    passes it; the grads match float64's."""
     require(torch.bfloat16, 128)
-    fwd = forward_family(128)
+    fwd, bwd = forward_family(128), forward_family(128, pass_="bwd")
     b, hq, hkv, length, e = 2, 8, 2, 300, 128
     q = make(b, hq, length, e, torch.bfloat16).requires_grad_()
     k, v = (make(b, hkv, length, e, torch.bfloat16).requires_grad_() for _ in range(2))
     mask = make_mask("padding", b, hq, length, length) & torch.ones(length, length, device="cuda").tril().bool()
     decision = tfb.explain(q, k, v, attn_mask=mask, enable_gqa=True)
-    assert (decision.kernel, decision.backward_kernel) == (f"{fwd}_fwd_bf16_hdim128", "sm80_bwd_bf16_hdim128"), str(decision)
+    assert (decision.kernel, decision.backward_kernel) == (f"{fwd}_fwd_bf16_hdim128", f"{bwd}_bwd_bf16_hdim128"), \
+        str(decision)
 
     def step():
         with tfb.enable(strict=True):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return out, torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-    assert testing.launched_families(step) == {fwd, "sm80"}
+    assert testing.launched_families(step) == {fwd, bwd}
     out, grads = step()
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     out64, _ = attention_ref(*leaves, attn_mask=mask)
@@ -284,13 +287,14 @@ def test_enable_serves_masked_training():
         assert_within_baseline(what, g, worst, r, floor=1e-4)
 
 
-def test_opcheck_masked_cuda():
-    require(torch.bfloat16, 64)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_opcheck_masked_cuda(family):
+    require(torch.bfloat16, 64, family)
     q, k, v = (make(2, 4, 40, 64, torch.bfloat16) for _ in range(3))
     mask = make_mask("blocks", 2, 4, 40, 40)
-    torch.library.opcheck(ops.fwd.default, (q, k, v, None, False, "sm80"), {"attn_mask": mask})
-    out, lse = ops.fwd(q, k, v, None, False, "sm80", attn_mask=mask)
-    torch.library.opcheck(ops.bwd.default, (torch.randn_like(out), q, k, v, out, lse, None, False, "sm80"),
+    torch.library.opcheck(ops.fwd.default, (q, k, v, None, False, family), {"attn_mask": mask})
+    out, lse = ops.fwd(q, k, v, None, False, family, attn_mask=mask)
+    torch.library.opcheck(ops.bwd.default, (torch.randn_like(out), q, k, v, out, lse, None, False, family),
                           {"attn_mask": mask})
 
 

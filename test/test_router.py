@@ -410,31 +410,51 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
     assert not tfb.explain(q, k, v).served  # route_cpu left: the probe moved on
 
 
+def test_kernel_records_say_which_masks_a_pass_reads():
+    """The registry's masks and additive_masks reach each record: sm90's
+    backward reads a boolean mask, not an additive one; every other masked
+    pass reads both; no pass refuses a call without a mask."""
+    records = {str(k): k for k in testing.fake_kernels(
+        ["sm90_fwd_bf16_hdim128", "sm90_bwd_bf16_hdim128", "sm80_bwd_bf16_hdim128", "decode_fwd_bf16_hdim128"])}
+    reads = {name: tuple(k.reads_mask(kind) for kind in ("", "bool", "additive")) for name, k in records.items()}
+    assert reads == {"sm90_fwd_bf16_hdim128": (True, True, True), "sm90_bwd_bf16_hdim128": (True, True, False),
+                     "sm80_bwd_bf16_hdim128": (True, True, True), "decode_fwd_bf16_hdim128": (True, True, True)}
+
+
 def test_boolean_masks_served(fake, monkeypatch):
     """A boolean mask on a short query goes to the decode family, on a longer
-    one to sm90's forward on Hopper (sm80's elsewhere), and grad to sm80's
-    backward (sm90's reads no mask), an additive one alike; a mask of a float
-    dtype SDPA rejects and a mask with is_causal fall back, each with its
-    reason, as does a call whose allowed families
-    read no mask. flash_attn's pinned choice follows the same rules."""
+    one to sm90's forward on Hopper (sm80's elsewhere), and grad to the first
+    backward that reads it: sm90's for a boolean mask, sm80's for an additive
+    one (sm90's backward reads boolean masks alone); a mask of a float dtype
+    SDPA rejects and a mask with is_causal fall back, each with its reason, as
+    does a call whose allowed families read no such mask. flash_attn's pinned
+    choice follows the same rules."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90):
         mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask)
         assert d.kernel == "decode_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
-        assert _router.pinned_families(*qkv(length=4, s=1000), masked=True) == ("decode", None)
+        assert _router.pinned_families(*qkv(length=4, s=1000), mask_kind="bool") == ("decode", None)
         d = tfb.explain(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask)
-        assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+        assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"), str(d)
         d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
+        assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"), str(d)
+        additive = mask[:, :, :1].to(torch.bfloat16)
+        d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=additive)
         assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
+        assert _router.pinned_families(*qkv(length=17, s=1000, requires_grad=True), mask_kind="additive") == (
+            "sm90", "sm80")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
         assert d.kernel == "decode_fwd_bf16_hdim64" and "additive attn_mask (bf16)" in str(d), str(d)
         assert "or float32" in reason(*qkv(length=4, s=1000), attn_mask=mask.to(torch.float16))
         assert "is_causal" in reason(*qkv(length=4, s=1000), attn_mask=mask, is_causal=True)
         assert reason(*qkv(length=1, s=1000), attn_mask=mask[:, :, :1]) == _router.DECODE_SLOWER_REASON
         monkeypatch.setenv(_router.FAMILIES_ENV, "decode,sm90")
-        assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask) == _router.MASK_GRAD_REASON
+        d = tfb.explain(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask)
+        assert d.backward_kernel == "sm90_bwd_bf16_hdim64", str(d)
+        assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask.to(torch.bfloat16)) == \
+            _router.MASK_GRAD_REASON
         with pytest.raises(RuntimeError, match="require grad"):
-            _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), masked=True)
+            _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), mask_kind="additive")
         monkeypatch.setenv(_router.FAMILIES_ENV, "decode")
         assert reason(*qkv(length=17, s=1000), attn_mask=mask[:, :, :1]) == _router.MASK_LONG_QUERY_REASON
         monkeypatch.delenv(_router.FAMILIES_ENV)

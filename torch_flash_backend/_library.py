@@ -32,7 +32,8 @@ class Kernel(str):
     pass_ ("fwd"/"bwd"), dtype, head_dim, min_cc and max_cc (major * 10 + minor;
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
-    no limit), masks (this pass reads attn_mask, boolean or additive), smem_bytes,
+    no limit), masks (this pass reads a boolean attn_mask), additive_masks (and an
+    additive one), smem_bytes,
     tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
     0 where it reads no mask)."""
 
@@ -46,6 +47,7 @@ class Kernel(str):
     align_bytes: int
     max_rows: int
     masks: bool
+    additive_masks: bool
     smem_bytes: int
     tile_rows: int
     tile_keys: int
@@ -62,7 +64,12 @@ class Kernel(str):
         kernel.tile_rows, kernel.tile_keys = int(values.get("tile_rows", 0)), int(values.get("tile_keys", 0))
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
         kernel.masks = kernel.pass_ in values.get("masks", "").split(",")
+        kernel.additive_masks = kernel.pass_ in values.get("additive_masks", values.get("masks", "")).split(",")
         return kernel
+
+    def reads_mask(self, mask_kind: str) -> bool:
+        """Whether this pass reads a call's mask: mask_kind "" (none), "bool" or "additive"."""
+        return not mask_kind or (self.additive_masks if mask_kind == "additive" else self.masks)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         cc = capability[0] * 10 + capability[1]

@@ -42,7 +42,7 @@ DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTor
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
-MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads a mask"
+MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +298,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
-                                     hq // hkv, masked=masked)
+                                     hq // hkv, mask_kind=mask_kind(attn_mask))
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -326,6 +326,14 @@ def _mask_problem(attn_mask, q, k, is_causal, scale) -> str | None:
     return mask_shape_problem(attn_mask, q, k)
 
 
+def mask_kind(attn_mask) -> str:
+    """"" without a mask, else "bool" or "additive": the registry's kinds
+    (a family's masks and additive_masks)."""
+    if attn_mask is None:
+        return ""
+    return "bool" if attn_mask.dtype == torch.bool else "additive"
+
+
 def _mask_detail(attn_mask) -> str:
     if attn_mask.dtype == torch.bool:
         return ", boolean attn_mask"
@@ -337,18 +345,20 @@ def _broadcast(q, k, v) -> bool:
     return any(_checks.broadcast(t) for t in (q, k, v))
 
 
-def pinned_families(q, k, v, needs_grad: bool | None = None, masked: bool = False) -> tuple[str | None, str | None]:
+def pinned_families(q, k, v, needs_grad: bool | None = None, mask_kind: str = "") -> tuple[str | None, str | None]:
     """The (forward, backward) families for a call to the ops that skips
     decide() (flash_attn): (None, None) when q is not on CUDA, or when
-    TFB_KERNEL_FAMILIES is unset and there is no mask, so the ops run the
-    registry's first kernel that can; else the (allowed) families' choice,
-    raising with the reason when none serves."""
-    if q.device.type != "cuda" or (allowed_families() is None and not masked):
+    TFB_KERNEL_FAMILIES is unset and there is no mask (mask_kind "", else
+    "bool" or "additive"), so the ops run the registry's first kernel that
+    can; else the (allowed) families' choice, raising with the reason when
+    none serves."""
+    if q.device.type != "cuda" or (allowed_families() is None and not mask_kind):
         return None, None
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False, masked=masked)
+                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False,
+                                 mask_kind=mask_kind)
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
@@ -356,7 +366,7 @@ def pinned_families(q, k, v, needs_grad: bool | None = None, masked: bool = Fals
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool, length: int, group: int, routing: bool = True,
-                      masked: bool = False) -> Decision:
+                      mask_kind: str = "") -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -365,8 +375,9 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     x length). routing: the choice for enable(), where a query shorter than
     MIN_QUERY_LEN goes to a decode family or to PyTorch (faster there than the
     tiled forwards), and a longer one never to a decode family; else any
-    family that can run the call (flash_attn with pinned families). masked: an
-    attn_mask (boolean or additive), which only families with masks=true read (single tokens
+    family that can run the call (flash_attn with pinned families). mask_kind:
+    "bool" or "additive" for an attn_mask, which only the passes whose records
+    read that kind serve (Kernel.reads_mask; single tokens
     follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
     fully used cache's mask faster; RESULTS.md v16)."""
     try:
@@ -380,7 +391,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing, probe.route_single_tokens, masked)
+            detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind)
     # The choice is a function of these alone, so it is computed once per distinct
     # call (it ran on every SDPA call before; symbolic sizes are not cached).
     return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
@@ -388,7 +399,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
-            route_single: bool = True, masked: bool = False) -> Decision:
+            route_single: bool = True, mask_kind: str = "") -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -398,8 +409,8 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     suffix = f"_{dtype_name}_hdim{e}"
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
-    if masked:
-        readers = [k for k in fwd_kernels if k.masks]
+    if mask_kind:
+        readers = [k for k in fwd_kernels if k.reads_mask(mask_kind)]
         if not readers:
             return _fallback(f"attn_mask: no forward built for {dtype_name} head dim {e} reads a mask{only}")
         if length >= MIN_QUERY_LEN and not any(not k.max_rows for k in readers):
@@ -442,7 +453,7 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         bwd = by_name.get(f"{family}_bwd{suffix}")
         if bwd is None:
             continue
-        if masked and not bwd.masks:
+        if not bwd.reads_mask(mask_kind):
             why_not = MASK_GRAD_REASON
             continue
         if broadcast and not bwd.stride0_ok:

@@ -43,7 +43,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
             raise NotImplementedError("flash_attn: attn_mask requires grad; the kernels give no gradient for a mask")
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
-    family, backward_family = _router.pinned_families(q, k, v, masked=attn_mask is not None)
+    family, backward_family = _router.pinned_families(q, k, v, mask_kind=_router.mask_kind(attn_mask))
     extra = {} if attn_mask is None else {"attn_mask": attn_mask}
     if bottom_right:
         extra["bottom_right"] = True

@@ -15,14 +15,18 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 struct Limits {
   std::string_view family;
   int min_cc, max_cc;
-  const char* text;   // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd"
-  const char* masks;  // the passes that read attn_mask, comma-separated
+  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd additive_masks=fwd,bwd"
+  const char* text;
+  const char* masks;           // the passes that read a boolean attn_mask, comma-separated
+  const char* additive_masks;  // those that read an additive one
 };
 constexpr Limits kLimits[] = {
-#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, passes, head_dims)       \
+#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, passes, \
+                   head_dims)                                                                          \
   {#family, min_cc, max_cc,                                                                             \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
-   " max_rows=" #max_rows " masks=" masks, masks},
+   " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks,                            \
+   masks, additive_masks},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -57,8 +61,8 @@ const Table& table() {
     auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back(
-          {family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
+      list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass), has,
+                      can_run, workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
@@ -80,12 +84,14 @@ std::string built_names(const std::vector<PassKernels<Params>>& kernels, DType d
 }
 
 template <class Params>
-std::string masked_families(const std::vector<PassKernels<Params>>& kernels) {
+std::string masked_families(const std::vector<PassKernels<Params>>& kernels, bool additive) {
   std::string names;
   for (const auto& k : kernels) {
-    if (k.masks) names += (names.empty() ? "" : ", ") + std::string(k.family);
+    if (k.reads_mask(true, additive)) names += (names.empty() ? "" : ", ") + std::string(k.family);
   }
-  return names.empty() ? "no family reads attn_mask in this pass" : "families that read attn_mask: " + names;
+  const char* what = additive ? "an additive attn_mask" : "attn_mask";
+  return names.empty() ? std::string("no family reads ") + what + " in this pass"
+                       : std::string("families that read ") + what + ": " + names;
 }
 
 std::string cc_range(int min_cc, int max_cc) {
@@ -97,6 +103,8 @@ template <class Params>
 const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernels, const char* pass,
                                   const std::optional<std::string_view>& family, const DeviceInfo& info,
                                   DType dtype, const Params& p) {
+  const bool masked = p.mask.values != nullptr;
+  const bool additive = masked && p.mask.values_type != MaskValues::kBool;
   if (family.has_value()) {
     std::string families;
     for (const auto& k : kernels) {
@@ -107,21 +115,21 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
                   ")");
       TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
                   info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
-      TORCH_CHECK(k.masks || p.mask.values == nullptr, "family='", *family, "' has no ", pass,
-                  " kernel that reads attn_mask (", masked_families(kernels), ")");
+      TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
+                  additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
       TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
                   "expand(), or a stride or pointer that is not a multiple of 16 bytes)");
       return k;
     }
     TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
   }
-  const bool masked = p.mask.values != nullptr;
   for (const auto& k : kernels) {
-    if (k.has(dtype, p.head_dim) && k.runs_on(info) && (k.masks || !masked) && k.can_run(p)) return k;
+    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.reads_mask(masked, additive) && k.can_run(p)) return k;
   }
   TORCH_CHECK(false, "no ", pass, " kernel built for ", dtype_name(dtype), " head_dim=", p.head_dim,
               " runs these inputs", masked ? " with attn_mask" : "", " on compute capability ", info.major, ".",
-              info.minor, " (built: ", built_names(kernels, dtype, p.head_dim), "; ", masked_families(kernels), ")");
+              info.minor, " (built: ", built_names(kernels, dtype, p.head_dim), "; ", masked_families(kernels, additive),
+              ")");
 }
 
 }  // namespace

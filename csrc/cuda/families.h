@@ -24,7 +24,8 @@ struct PassKernels {
   const char* family;
   const char* pass;
   int min_cc, max_cc;  // the registry's, major * 10 + minor; max_cc 0: no upper bound
-  bool masks;          // the registry's: this pass reads attn_mask (params.mask.values)
+  bool masks;          // the registry's: this pass reads a boolean attn_mask (params.mask.values)
+  bool additive_masks;  // and an additive one
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);
@@ -32,6 +33,8 @@ struct PassKernels {
   size_t (*smem_bytes)(DType, int);  // src/kernel_info.h: what built_kernels() reports
   TileShape (*tile)(DType, int);     // likewise
 
+  // Whether the pass reads the call's mask: none, boolean or additive.
+  bool reads_mask(bool masked, bool additive) const { return !masked || (additive ? additive_masks : masks); }
   bool runs_on(const DeviceInfo& info) const {
     const int cc = info.major * 10 + info.minor;
     return min_cc <= cc && (max_cc == 0 || cc <= max_cc);

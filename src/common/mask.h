@@ -226,12 +226,19 @@ struct TileWalk {
 
   TFB_HOST_DEVICE bool visible(int i, int j) const { return policy.visible(i, j); }
 
-  // The last key tile at or below n_block that query tile m_block visits (-1:
-  // none): a mask in memory skips the tiles it hides; a band's range is whole.
-  TFB_HOST_DEVICE int visited_at_or_below(int m_block, int n_block) const {
+  // Whether the walk skips tile (m_block, n_block) inside its range: a mask
+  // in memory skips the tiles it hides; a band's range is whole.
+  TFB_HOST_DEVICE bool skipped(int m_block, int n_block) const {
     if constexpr (kReadsMemory<Policy>) {
-      while (n_block >= 0 && policy.kind(m_block, n_block) == TileKind::kHidden) --n_block;
+      return policy.kind(m_block, n_block) == TileKind::kHidden;
+    } else {
+      return false;
     }
+  }
+
+  // The last key tile at or below n_block that query tile m_block visits (-1: none).
+  TFB_HOST_DEVICE int visited_at_or_below(int m_block, int n_block) const {
+    while (n_block >= 0 && skipped(m_block, n_block)) --n_block;
     return n_block;
   }
 };

@@ -105,6 +105,58 @@ CUTE_DEVICE void apply_rows(M const& m, RowCol& s, Coord const& coord, int m0, i
   }
 }
 
+// The same mask on a transposed slice (the backward's S^T), held as (key,
+// query) views: st's element (k, q) is key key0 + k, query row m0 + q, where
+// the slice's keys [key0, key0 + 64) lie in one 64-bit word of their key tile
+// (key0 % 64 == 0) and its queries are kQueries rows from m0. In the wgmma
+// accumulator layout a warp's keys are 16 of them, 16-aligned (a thread's are
+// k and k + 8 with k % 16 < 8), and its threads share the slice's queries: so
+// one 16-bit piece of each query's word holds all the warp's keys. Each lane
+// loads the pieces of queries lane, lane + 32, ... (load_bit_pieces; early,
+// so that their latency overlaps the MMA: loads per score, each waited for,
+// cost 4x the unmasked backward), and apply_transposed hands each thread its
+// queries' pieces by shuffles, shifted so that each key's bit sits at a
+// compile-time place. Rows past len_q read nothing (their probabilities are
+// 0 already); hidden elements and keys past len_k become `hidden`.
+template <int kTileKeys, int kQueries, class M>
+CUTE_DEVICE void load_bit_pieces(M const& m, int m0, int key0, int piece, int lane,
+                                 uint32_t (&pieces)[(kQueries + 31) / 32]) {
+  static_assert(!M::kAdditive, "an additive mask's tiles read values (the sm80 backward serves them)");
+  const uint16_t* first = reinterpret_cast<const uint16_t*>(m.bits + key0 / kTileKeys * M::tile_words(kTileKeys) +
+                                                            key0 % kTileKeys / 64) +
+                          piece;
+  const int64_t row_pieces = int64_t(m.words) * 4;
+#pragma unroll
+  for (int j = 0; j < (kQueries + 31) / 32; ++j) {
+    const int q = lane + 32 * j;
+    pieces[j] = q < kQueries && m0 + q < m.len_q ? uint32_t(first[(m0 + q) * row_pieces]) : 0u;
+  }
+}
+
+// coord: (key, query) of st's elements within the slice; all 32 lanes call it.
+template <class KeyQuery, class Coord, int kPieces>
+CUTE_DEVICE void apply_transposed(KeyQuery& st, Coord const& coord, int key_limit, uint32_t const (&pieces)[kPieces],
+                                  float hidden) {
+  constexpr int kKeys = decltype(cute::size<0>(st))::value;
+  constexpr int kQueries = decltype(cute::size<1>(st))::value;
+  const int base = cute::get<0>(coord(0, 0));  // the thread's first key
+#pragma unroll
+  for (int q = 0; q < kQueries; ++q) {
+    const int query = cute::get<1>(coord(0, q));
+    uint32_t held = pieces[0];
+#pragma unroll
+    for (int j = 1; j < kPieces; ++j) held = query >= 32 * j ? pieces[j] : held;
+    const uint32_t bits = __shfl_sync(0xffffffffu, held, query % 32) >> (base % 16);
+#pragma unroll
+    for (int k = 0; k < kKeys; ++k) {
+      const int key = cute::get<0>(coord(k, q));
+      const int off = key - base;  // a constant once unrolled, below 16 - base % 16 (see above)
+      const bool keep = key < key_limit && (bits >> off) & 1;
+      st(k, q) = keep ? st(k, q) : hidden;
+    }
+  }
+}
+
 // An additive mask's tile (TileKind::kAdditive) on key tile n0, held as
 // (row, col) views: each unscaled score gains its value times `inv_scale`
 // (mask_values.h add_additive; the kernel's 1 / scale, so that the scaled

@@ -101,13 +101,22 @@ namespace sm90 {
 
 // The backward loads Q, dO, K and V with TMA; it writes dq, dk and dv and
 // reads out with 16-byte (preprocess) and 4-byte stores and loads, which the
-// host's checks already allow.
+// host's checks already allow. It reads a boolean attn_mask, not an additive
+// one (the registry's additive_masks; sm80's backward serves those).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return can_run_fwd(p) && aligned16(p.dout) &&
+  return can_run_fwd(p) && aligned16(p.dout) && (p.mask.values == nullptr || !mask::additive(p)) &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 
-size_t bwd_workspace_bytes(const AttnBwdParams& params) { return bwd_workspace_size(params); }
+// The accumulators, then attn_mask's tile summary for the backward's tiles.
+size_t bwd_workspace_bytes(const AttnBwdParams& params) {
+  size_t bytes = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const TileShape tile = tile_bwd(dtype, params.head_dim);
+    if (tile.rows > 0) bytes = std::max(bytes, mask::summary_bytes(params, tile.rows, tile.keys));
+  }
+  return bwd_workspace_size(params) + bytes;
+}
 
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream) {
   cudaError_t err = cudaErrorNotSupported;

@@ -8,36 +8,45 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "common/mask.h"
-#include "params.h"
 #include "common/grid.h"
+#include "common/mask.h"
+#include "common/mask_summary.h"
+#include "params.h"
 #include "sm90/epilogue_bwd.h"
 #include "sm90/mainloop_bwd.h"
+#include "sm90/mask_walk.h"
 
 namespace tfb {
 namespace sm90 {
 
-template <class Traits>
+template <class Traits, class Policy>
 struct BwdKernelParams {
   using Element = typename Traits::Element;
-  typename BwdMainloop<Traits>::Params mainloop;
+  using Mask = typename BwdMainloop<Traits, Policy>::Mask;
+  typename BwdMainloop<Traits, Policy>::Params mainloop;
   int heads_kv, batch, n_blocks;
   int group_pairs;  // (kv head, batch) pairs per group of CTAs (HeadBatchGrid::locate_grouped)
-  // Uniform lengths (can_run_bwd refuses per-batch ones), so the mask is built
-  // on the host once.
+  // Uniform lengths (can_run_bwd refuses per-batch ones): mask_walk.h.
   int len_k;
-  typename BwdMainloop<Traits>::Mask uniform_mask;
+  Mask uniform_mask;   // uniform_walk
+  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h)
   float scale;
   Element* dk;
   Element* dv;
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+
+  CUTE_DEVICE decltype(auto) mask(int batch, int head_q) const {
+    return walk_of(uniform_mask, mask_args, batch, head_q);
+  }
 };
 
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const p) {
+// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (a boolean attn_mask).
+template <class Traits, class Policy>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy> const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Mainloop = BwdMainloop<Traits>;
+  using Mainloop = BwdMainloop<Traits, Policy>;
   using Pipeline = typename Traits::Pipeline;
   using SharedStorage = typename Traits::SharedStorage;
   using Element = typename Traits::Element;
@@ -88,7 +97,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
       int unit = 0;
       for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
         const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
-        Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, n_block, head_kv, batch, unit);
+        Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, p, n_block, head_kv, batch, unit);
       }
     }
   } else {
@@ -106,11 +115,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_kernel(CUTE_GRID_CONS
       clear(acc_dk);
       clear(acc_dv);
       if constexpr (Traits::kSplitDim) {
-        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask,
-                                    n_block, batch, unit, dq_split, thread_idx, acc_dk, acc_dv);
+        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p, n_block, batch,
+                                    unit, dq_split, thread_idx, acc_dk, acc_dv);
       } else {
-        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p.uniform_mask, n_block, batch,
-                          unit, dq_split, thread_idx, acc_dk, acc_dv);
+        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p, n_block, batch, unit,
+                          dq_split, thread_idx, acc_dk, acc_dv);
       }
       // Every wgmma reading K and V has completed (compute's last wait).
       if (wg_thread == 0) shared.kv_free.arrive();

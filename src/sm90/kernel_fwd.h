@@ -13,6 +13,7 @@
 #include "params.h"
 #include "sm90/epilogue_fwd.h"
 #include "sm90/mainloop_fwd.h"
+#include "sm90/mask_walk.h"
 #include "sm90/tile_scheduler.h"
 
 namespace tfb {
@@ -24,27 +25,16 @@ struct FwdKernelParams {
   typename FwdMainloop<Traits, Policy>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
   TileScheduler scheduler;
-  // Every batch's lengths and mask, read through the accessors below. The
-  // family serves uniform lengths only (can_run_fwd refuses params.h's SeqLens),
-  // so the band is built once on the host and the consumers read it from the
-  // constant bank: built per tile from the lengths, it kept a few more
-  // registers live through the mainloop and cost 2-3.5% at head dim 128 (H100,
-  // benchmarks/sm90_tiles A/B). Per-batch lengths change these accessors. A
-  // mask in memory differs per (batch, head): built per tile from mask_args.
+  // Every batch's lengths and mask, read through the accessors below
+  // (mask_walk.h; can_run_fwd refuses params.h's SeqLens, per-batch lengths
+  // would change these accessors).
   int len_q;
-  Mask uniform_mask;
+  Mask uniform_mask;   // uniform_walk
   MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h)
   float scale;
 
   CUTE_DEVICE int seqlen_q(int /*batch*/) const { return len_q; }
-  CUTE_DEVICE decltype(auto) mask(int batch, int head) const {
-    if constexpr (mask::kReadsMemory<Policy>) {
-      return Mask{
-          mask::from_memory<Policy>(mask_args, batch, head, uniform_mask.policy.len_q, uniform_mask.policy.len_k)};
-    } else {
-      return (uniform_mask);  // a reference, from the constant bank
-    }
-  }
+  CUTE_DEVICE decltype(auto) mask(int batch, int head) const { return walk_of(uniform_mask, mask_args, batch, head); }
 };
 
 // Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).

@@ -1,6 +1,7 @@
 // Host side of the sm90 backward: preprocess (row statistics, cleared dQ
-// accumulator; the same kernel and workspace layout as sm80's) -> main kernel
-// (dK, dV; dQ reduced into the accumulator) -> dQ convert.
+// accumulator; the same kernel and workspace layout as sm80's) -> for a
+// boolean attn_mask, its tile summary -> main kernel (dK, dV; dQ reduced into
+// the accumulator) -> dQ convert.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "api.h"
 #include "common/grid.h"
+#include "common/mask_summary.h"
 #include "common/preprocess_bwd.h"
 #include "common/workspace_bwd.h"
 #include "sm90/convert_bwd.h"
@@ -23,26 +25,23 @@
 namespace tfb {
 namespace sm90 {
 
+// The tile of masked calls: the mask's summary is made for it.
 template <typename Element, int kHeadDim>
 TileShape bwd_tile() {
-  return {};  // reads no mask (sm80's backward serves masked calls)
+  using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
+  return {Traits::kBlockM, Traits::kBlockN};
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
-  using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
-  if (a.head_dim != kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
-      a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
-    return cudaErrorInvalidValue;
-  }
-  // A runtime call first: it binds the thread's context, which the TMA
-  // descriptor encoder needs (launch_fwd.h).
-  auto kernel = &bwd_kernel<Traits>;
+// Policy: mask.h CausalOrNone, or FromMemory for attn_mask (whose summary
+// `a` then points at: launch_bwd runs the pre-pass).
+template <class Traits, class Policy>
+cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  // A runtime call before the TMA descriptors are encoded: it binds the
+  // thread's context, which the encoder needs (launch_fwd.h).
+  auto kernel = &bwd_kernel<Traits, Policy>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  if (err != cudaSuccess) return err;
-
-  const BwdWorkspace ws = carve_bwd_workspace(a);
-  err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
   if (err != cudaSuccess) return err;
 
   auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
@@ -57,7 +56,7 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   using TileKV = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
   const int n_blocks = (a.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
 
-  BwdKernelParams<Traits> p{
+  BwdKernelParams<Traits, Policy> p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mdO, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
@@ -69,7 +68,8 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
       n_blocks,
       std::max(1, a.num_sms / n_blocks),  // a group's CTAs fill the SMs about once
       a.len_k,
-      {mask::causal_if(a.is_causal, a.mask.bottom_right, a.len_q, a.len_k)},
+      uniform_walk<typename BwdKernelParams<Traits, Policy>::Mask>(a),
+      a.mask,
       a.scale,
       static_cast<Element*>(a.dk),
       static_cast<Element*>(a.dv),
@@ -87,6 +87,27 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   return launch_convert_dq<Traits>(a, ws, stream);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
+  using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
+  if (a.head_dim != kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
+      a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool masked = a.mask.values != nullptr;
+  if (masked && (a.is_causal || a.workspace == nullptr)) return cudaErrorInvalidValue;
+  const BwdWorkspace ws = carve_bwd_workspace(a);
+  cudaError_t err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
+  if (err != cudaSuccess) return err;
+  if (!masked) return launch_bwd_with<Traits, mask::CausalOrNone>(a, ws, stream);
+  // The summary goes past the accumulators (bwd_workspace_bytes).
+  AttnBwdParams masked_params = a;
+  void* scratch = static_cast<char*>(a.workspace) + bwd_workspace_size(a);
+  err = mask::summarize(masked_params, Traits::kBlockM, Traits::kBlockN, scratch, stream);
+  if (err != cudaSuccess) return err;
+  return launch_bwd_with<Traits, mask::FromMemory>(masked_params, ws, stream);
 }
 
 }  // namespace sm90

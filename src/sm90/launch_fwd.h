@@ -74,14 +74,6 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
 
-  using Mask = typename FwdKernelParams<Traits, Policy>::Mask;
-  Mask uniform_mask{};
-  if constexpr (mask::kReadsMemory<Policy>) {
-    uniform_mask.policy.len_q = a.len_q;  // the lengths; the rest per (batch, head) from mask_args
-    uniform_mask.policy.len_k = a.len_k;
-  } else {
-    uniform_mask = Mask{mask::causal_if(a.is_causal, a.mask.bottom_right, a.len_q, a.len_k)};
-  }
   FwdKernelParams<Traits, Policy> p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
@@ -92,7 +84,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
        mO.shape(), a.lse, a.len_q, a.heads_q},
       {int(m_blocks), a.heads_q, a.batch, a.is_causal},
       a.len_q,
-      uniform_mask,
+      uniform_walk<typename FwdKernelParams<Traits, Policy>::Mask>(a),
       a.mask,
       a.scale};
 

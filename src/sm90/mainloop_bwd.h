@@ -18,6 +18,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/mask.h"
+#include "common/mask_apply.h"
 #include "params.h"
 #include "sm90/kernel_traits_bwd.h"
 #include "sm90/utils.h"
@@ -55,7 +56,9 @@ CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
                : "memory");
 }
 
-template <class Traits>
+// Policy: the band of is_causal (mask.h CausalOrNone) or a boolean mask in
+// memory (FromMemory), whose hidden tiles both roles skip.
+template <class Traits, class Policy = mask::CausalOrNone>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -64,7 +67,7 @@ struct BwdMainloop {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
-  using Mask = mask::TileWalk<kBlockM, kBlockN, mask::CausalOrNone>;
+  using Mask = mask::TileWalk<kBlockM, kBlockN, Policy>;
 
   struct Params {
     typename Traits::TmaQ tma_q;
@@ -88,10 +91,65 @@ struct BwdMainloop {
     return (int64_t(batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
   }
 
+  // The steps of a key tile that the walk visits. A mask in memory skips the
+  // tiles it hides, and a tile's kind is a load: read one at a time, their
+  // latency stalled every step, hidden ones included (a sliding window's
+  // backward ran 1.8x its band's time). The cursor loads kAhead kinds at once
+  // and keeps which are hidden and which need the per-element pass.
+  template <class Masks>
+  struct StepCursor {
+    static constexpr int kAhead = 8;
+    static constexpr bool kSkips = mask::kReadsMemory<Policy>;
+    BwdSteps const& steps;
+    Masks const& masks;
+    int batch, n_block;
+    int base = -kAhead;  // hidden and partial: steps [base, base + kAhead), bit i - base
+    uint32_t hidden = 0, partial = 0;
+
+    CUTE_DEVICE StepCursor(BwdSteps const& steps_, Masks const& masks_, int batch_, int n_block_)
+        : steps(steps_), masks(masks_), batch(batch_), n_block(n_block_) {}
+
+    CUTE_DEVICE void load(int from) {
+      base = from;
+      uint8_t kinds[kAhead];
+      CUTE_UNROLL
+      for (int j = 0; j < kAhead; ++j) {  // every load issued before the first use
+        const auto step = steps.at(from + j < steps.count ? from + j : from);
+        kinds[j] = uint8_t(masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block));
+      }
+      hidden = partial = 0;
+      CUTE_UNROLL
+      for (int j = 0; j < kAhead; ++j) {
+        hidden |= uint32_t(kinds[j] == uint8_t(mask::TileKind::kHidden)) << j;
+        partial |= uint32_t(kinds[j] != uint8_t(mask::TileKind::kVisible)) << j;
+      }
+    }
+    // The first visited step at or after i (steps.count: none).
+    CUTE_DEVICE int next(int i) {
+      if constexpr (kSkips) {
+        for (; i < steps.count; ++i) {
+          if (i >= base + kAhead) load(i);
+          if (!((hidden >> (i - base)) & 1)) break;
+        }
+      }
+      return i;
+    }
+    // Whether visited step i (query tile m_block) needs the per-element pass.
+    CUTE_DEVICE bool needs_predicate(Mask const& mask, int i, int m_block) const {
+      if constexpr (kSkips) {
+        return ((partial >> (i - base)) & 1) || (n_block + 1) * kBlockN > mask.policy.len_k;
+      } else {
+        return mask.needs_predicate(m_block, n_block);
+      }
+    }
+  };
+
   // Producer: one thread. unit: this CTA's how-many-th key tile (phase of kv_full).
+  // masks: anything with mask(batch, head_q) -> Mask (the kernel's params).
+  template <class Masks>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do,
-                               PipelineState& write, BwdSteps const& steps, int n_block, int head_kv, int batch,
-                               int unit) {
+                               PipelineState& write, BwdSteps const& steps, Masks const& masks, int n_block,
+                               int head_kv, int batch, int unit) {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
@@ -113,7 +171,8 @@ struct BwdMainloop {
     copy(p.tma_k.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tKgK, tKsK);
     copy(p.tma_v.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tVgV, tVsV);
 
-    for (int i = 0; i < steps.count; ++i) {
+    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       Tensor gQ = local_tile(mQ(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
       Tensor gdO = local_tile(mdO(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
@@ -138,17 +197,31 @@ struct BwdMainloop {
   //   P^T = exp2(S^T scale_log2 - lse_log2),  dS^T = P^T (dP^T - D).
   // coord: (key, query) of each value within the slice that starts at key k0
   // and query q0 of the tiles; lse and dsum: the tile's row statistics.
-  // Padded query rows have lse = +inf, so their P is 0; hidden pairs are zeroed.
-  template <class Acc, class Coord>
+  // Padded query rows have lse = +inf, so their P is 0; where predicate,
+  // hidden pairs are zeroed (a mask in memory: by `pieces`, mask_apply.h's
+  // load_bit_pieces').
+  template <class Acc, class Coord, int kPieces>
   CUTE_DEVICE static void softmax_grad(Acc& acc_s, Acc& acc_dp, Coord const& coord, float const* lse,
-                                       float const* dsum, Mask const& mask, int m_block, int n_block, int q0,
-                                       int k0, float scale_log2) {
+                                       float const* dsum, Mask const& mask, bool predicate,
+                                       uint32_t const (&pieces)[kPieces], int m_block, int n_block, int q0, int k0,
+                                       float scale_log2) {
     constexpr int kRows = decltype(size<0>(coord))::value;
     constexpr int kCols = decltype(size<1>(coord))::value;
     warpgroup_wait<1>();
     warpgroup_fence_operand(acc_s);
     Tensor s = acc_rowcol(acc_s);
-    if (mask.needs_predicate(m_block, n_block)) {
+    auto exponentiate = [&] {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float l = lse[q0 + get<1>(coord(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -l));
+      }
+    };
+    if constexpr (mask::kReadsMemory<Policy>) {
+      exponentiate();
+      if (predicate) mask::apply_transposed(s, coord, mask.policy.len_k - (n_block * kBlockN + k0), pieces, 0.f);
+    } else if (predicate) {
       const int key_base = n_block * kBlockN + k0;
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
@@ -162,12 +235,7 @@ struct BwdMainloop {
         }
       }
     } else {
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float l = lse[q0 + get<1>(coord(0, c))];
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) s(r, c) = exp2f(fmaf(s(r, c), scale_log2, -l));
-      }
+      exponentiate();
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
@@ -181,20 +249,30 @@ struct BwdMainloop {
   }
 
   // One step's S^T = K Q^T and dP^T = V dO^T, each issued once its stage has
-  // landed, then P^T and dS^T in their place (softmax_grad).
-  template <class Mma, class FragKV, class FragQ, class Acc, class Coord>
+  // landed, then P^T and dS^T in their place (softmax_grad). A mask in
+  // memory's bits load first: their latency overlaps the waits and the MMAs.
+  // kQueries: the slice's queries (coord's second extent).
+  template <int kQueries, class Mma, class FragKV, class FragQ, class Acc, class Coord>
   CUTE_DEVICE static void scores_and_grads(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                            Pipeline& pipeline_do, PipelineState const& read, Mma& mma,
                                            FragKV const& tSrK, FragKV const& tSrV, FragQ const& tSrQ,
                                            FragQ const& tSrdO, Acc& acc_s, Acc& acc_dp, Coord const& coord,
-                                           Mask const& mask, int m_block, int n_block, int q0, int k0) {
+                                           Mask const& mask, bool predicate, int m_block, int n_block, int q0,
+                                           int k0) {
+    uint32_t pieces[(kQueries + 31) / 32];
+    if constexpr (mask::kReadsMemory<Policy>) {
+      if (predicate) {
+        mask::load_bit_pieces<kBlockN, kQueries>(mask.policy, m_block * kBlockM + q0, n_block * kBlockN + k0,
+                                                 get<0>(coord(0, 0)) / 16, threadIdx.x % 32, pieces);
+      }
+    }
     const int stage = read.index();
     pipeline_q.consumer_wait(read);
     wgmma<true, -1>(mma, tSrK, tSrQ(_, _, _, stage), acc_s);
     pipeline_do.consumer_wait(read);
     wgmma<true, -1>(mma, tSrV, tSrdO(_, _, _, stage), acc_dp);
-    softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, m_block, n_block, q0, k0,
-                 p.scale_log2);
+    softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, predicate, pieces, m_block,
+                 n_block, q0, k0, p.scale_log2);
   }
 
   // Warpgroup w's share of dQ = dS K (BwdTraits::DqSlice), its wgmma waited
@@ -220,10 +298,11 @@ struct BwdMainloop {
 
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
   // dV in its accumulators. thread_idx counts the consumer threads from 0.
-  template <class AccdK, class AccdV>
+  // masks: as load()'s; the steps it skips are load()'s.
+  template <class Masks, class AccdK, class AccdV>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                   Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
-                                  Mask const& mask, int n_block, int batch, int unit, float* dq_split,
+                                  Masks const& masks, int n_block, int batch, int unit, float* dq_split,
                                   int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
     const int warpgroup = thread_idx / 128;
     const int wg_thread = thread_idx % 128;
@@ -259,14 +338,17 @@ struct BwdMainloop {
     constexpr int kConsumers = Traits::kConsumerThreads;
 
     shared.kv_full.wait(unit & 1);
-    for (int i = 0; i < steps.count; ++i) {
+    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
+      const auto& mask = masks.mask(batch, step.head_q);
       const int stage = read.index();
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
-      scores_and_grads(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s, acc_dp,
-                       coord, mask, step.m_block, n_block, 0, warpgroup * 64);
+      scores_and_grads<kBlockM>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
+                                acc_dp, coord, mask, cursor.needs_predicate(mask, i, step.m_block), step.m_block,
+                                n_block, 0, warpgroup * 64);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tdVrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -317,10 +399,10 @@ struct BwdMainloop {
   // S^T and dP^T for the tile's 64 keys and its half of the query tile, writes
   // P^T and dS^T to shared memory, then dV, dK (left in its accumulators) and
   // dQ for its half of the head dim, and adds dQ into the float32 accumulator.
-  template <class AccdK, class AccdV>
+  template <class Masks, class AccdK, class AccdV>
   CUTE_DEVICE static void compute_split_dim(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                             Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
-                                            Mask const& mask, int n_block, int batch, int unit, float* dq_split,
+                                            Masks const& masks, int n_block, int batch, int unit, float* dq_split,
                                             int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
     static_assert(Traits::kSplitDim);
     constexpr int kQueries = Traits::kSdPQueries;
@@ -372,19 +454,23 @@ struct BwdMainloop {
     Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
     constexpr int kConsumers = Traits::kConsumerThreads;
 
+    int done = 0;  // steps computed: P^T and dS^T alternate buffers
     shared.kv_full.wait(unit & 1);
-    for (int i = 0; i < steps.count; ++i) {
+    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
+      const auto& mask = masks.mask(batch, step.head_q);
       const int stage = read.index();
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
-      scores_and_grads(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s, acc_dp,
-                       coord, mask, step.m_block, n_block, warpgroup * kQueries, 0);
+      scores_and_grads<kQueries>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
+                                 acc_dp, coord, mask, cursor.needs_predicate(mask, i, step.m_block), step.m_block,
+                                 n_block, warpgroup * kQueries, 0);
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor ds_regs = convert_fragment<Element>(acc_dp);
 
-      const int buf = i % 2;
+      const int buf = done++ % 2;
       copy(p_regs, tPsP(_, _, _, buf));
       copy(ds_regs, tdSsdS(_, _, _, buf));
       cutlass::arch::fence_view_async_shared();
