@@ -94,11 +94,14 @@ struct BwdMainloop {
   // The steps of a key tile that the walk visits. A mask in memory skips the
   // tiles it hides, and a tile's kind is a load: read one at a time, their
   // latency stalled every step, hidden ones included (a sliding window's
-  // backward ran 1.8x its band's time). The cursor loads kAhead kinds at once
-  // and keeps which are hidden and which need the per-element pass.
-  template <class Masks>
+  // backward ran 1.8x its band's share of time). The cursor loads the kinds of kAhead
+  // steps at once and keeps which are hidden and which need the per-element
+  // pass: kWarp, a warp's lanes one each (every lane of the warp walks);
+  // else one thread, 8 (16 at once spilled 900 bytes at head dim 128).
+  template <class Masks, bool kWarp>
   struct StepCursor {
-    static constexpr int kAhead = 8;
+    static constexpr int kAhead = kWarp ? 32 : 8;
+    static constexpr uint32_t kWindow = kAhead == 32 ? ~0u : (1u << kAhead) - 1;
     static constexpr bool kSkips = mask::kReadsMemory<Policy>;
     BwdSteps const& steps;
     Masks const& masks;
@@ -109,27 +112,37 @@ struct BwdMainloop {
     CUTE_DEVICE StepCursor(BwdSteps const& steps_, Masks const& masks_, int batch_, int n_block_)
         : steps(steps_), masks(masks_), batch(batch_), n_block(n_block_) {}
 
+    CUTE_DEVICE uint8_t kind(int i) const {
+      const auto step = steps.at(i < steps.count ? i : steps.count - 1);
+      return uint8_t(masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block));
+    }
     CUTE_DEVICE void load(int from) {
       base = from;
-      uint8_t kinds[kAhead];
-      CUTE_UNROLL
-      for (int j = 0; j < kAhead; ++j) {  // every load issued before the first use
-        const auto step = steps.at(from + j < steps.count ? from + j : from);
-        kinds[j] = uint8_t(masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block));
-      }
-      hidden = partial = 0;
-      CUTE_UNROLL
-      for (int j = 0; j < kAhead; ++j) {
-        hidden |= uint32_t(kinds[j] == uint8_t(mask::TileKind::kHidden)) << j;
-        partial |= uint32_t(kinds[j] != uint8_t(mask::TileKind::kVisible)) << j;
+      constexpr uint8_t kHidden = uint8_t(mask::TileKind::kHidden), kVisible = uint8_t(mask::TileKind::kVisible);
+      if constexpr (kWarp) {
+        const uint8_t k = kind(from + int(threadIdx.x % 32));
+        hidden = __ballot_sync(~0u, k == kHidden);
+        partial = __ballot_sync(~0u, k != kVisible);
+      } else {
+        uint8_t kinds[kAhead];
+        CUTE_UNROLL
+        for (int j = 0; j < kAhead; ++j) kinds[j] = kind(from + j);  // every load issued before the first use
+        hidden = partial = 0;
+        CUTE_UNROLL
+        for (int j = 0; j < kAhead; ++j) {
+          hidden |= uint32_t(kinds[j] == kHidden) << j;
+          partial |= uint32_t(kinds[j] != kVisible) << j;
+        }
       }
     }
-    // The first visited step at or after i (steps.count: none).
+    // The first visited step at or after i (steps.count or more: none).
     CUTE_DEVICE int next(int i) {
       if constexpr (kSkips) {
-        for (; i < steps.count; ++i) {
+        while (i < steps.count) {
           if (i >= base + kAhead) load(i);
-          if (!((hidden >> (i - base)) & 1)) break;
+          const uint32_t visited = (~hidden & kWindow) >> (i - base);
+          if (visited != 0) return i + __ffs(visited) - 1;
+          i = base + kAhead;
         }
       }
       return i;
@@ -171,7 +184,7 @@ struct BwdMainloop {
     copy(p.tma_k.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tKgK, tKsK);
     copy(p.tma_v.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tVgV, tVsV);
 
-    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    StepCursor<Masks, false> cursor(steps, masks, batch, n_block);
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       Tensor gQ = local_tile(mQ(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
@@ -338,7 +351,7 @@ struct BwdMainloop {
     constexpr int kConsumers = Traits::kConsumerThreads;
 
     shared.kv_full.wait(unit & 1);
-    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    StepCursor<Masks, true> cursor(steps, masks, batch, n_block);
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       const auto& mask = masks.mask(batch, step.head_q);
@@ -456,7 +469,7 @@ struct BwdMainloop {
 
     int done = 0;  // steps computed: P^T and dS^T alternate buffers
     shared.kv_full.wait(unit & 1);
-    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    StepCursor<Masks, true> cursor(steps, masks, batch, n_block);
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       const auto& mask = masks.mask(batch, step.head_q);
