@@ -5,6 +5,7 @@ the error of PyTorch's own same-dtype SDPA on the same inputs (plus a small floo
 so that exact-by-luck baselines do not demand exactness from us).
 """
 import math
+import zlib
 
 import torch
 
@@ -71,3 +72,9 @@ def assert_within_baseline(name, ours, baseline, ref, factor=2.0, floor=1e-5):
 def poison_(t):
     """Fill with NaN so that an element a kernel forgets to write fails the check."""
     return t.fill_(float("nan"))
+
+
+def stable_seed(*parts) -> int:
+    """A seed from a test's parameters, the same in every process (hash() of a
+    string is not: PYTHONHASHSEED), so that a failing draw reproduces."""
+    return zlib.crc32(repr(parts).encode())
