@@ -284,7 +284,7 @@ def all_families():
 @pytest.mark.parametrize("kind", GPU_KINDS)
 @pytest.mark.parametrize("mask_dtype", ["q", "fp32"])
 def test_cuda_tiled(mask_dtype, kind, shape, family, all_families):
-    """sm80 / sm90 forward and the sm80 backward (which serves masked calls on Hopper too)."""
+    """sm80 / sm90 forward and the sm80 backward (which serves additive masks on Hopper too)."""
     require(family, "fwd", torch.bfloat16, 128)
     b, hq, hkv, length, s = shape
     q, k, v = qkv(b, hq, hkv, length, s, 128, torch.bfloat16, "cuda", seed=stable_seed(kind, shape))
