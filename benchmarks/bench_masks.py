@@ -3,6 +3,7 @@
     python benchmarks/bench_masks.py                      # every mask, fwd and fwd+bwd
     python benchmarks/bench_masks.py --masks window --modes fwd
     python benchmarks/bench_masks.py --profile             # ours' kernels per call, the pre-pass apart
+    python benchmarks/bench_masks.py --profile --plain     # and those of the same call unmasked
 
 bf16, E = 128, 16 heads, q/k/v as (B, L, H, E).transpose(1, 2); a boolean
 attn_mask (True = take part) as Hugging Face models pass it:
@@ -25,7 +26,11 @@ padding and random, causal for window and alibi), PyTorch's default SDPA and its
 efficient and cuDNN backends on the same masked call (a backend that refuses
 it prints "-"); then ours/plain and default/ours, and for the window the
 time target of 1.3 x the plain causal time x the share of causal pairs the
-band keeps. Backends take turns, one timed call each per round (bench_sdpa.py's
+band keeps. "ours-dense" (window only, with --backends) is ours unmasked and not causal
+over the first WINDOW + 128 keys: every query tile then runs the band's steady-state
+count of 128 x 128 tiles (33) with no mask to read; scaled by the band's tile count
+over its own, it is the window's kernel time at the unmasked per-tile rate, printed in
+the notes beside the target. Backends take turns, one timed call each per round (bench_sdpa.py's
 time_in_turns), medians of CUDA-event times.
 """
 import argparse
@@ -90,10 +95,26 @@ def band_share(length, window):
     return kept / (length * (length + 1) / 2)
 
 
+def band_tiles(length, window, tile=128):
+    """128 x 128 tiles holding a pair of the causal band (what the masked kernels visit),
+    and those of ours-dense (every query tile over window + tile keys)."""
+    band = sum(m - max(0, (m * tile - window + 1) // tile) + 1 for m in range(length // tile))
+    return band, (length // tile) * ((window + tile) // tile)
+
+
 def runner(backend, q, k, v, mask, causal, mode):
     import torch_flash_backend as tfb
 
-    if backend == "ours":
+    if backend == "ours-dense":
+        keys = WINDOW + 128
+        window_row = mask.dim() == 4 and mask.dtype == torch.bool and mask.shape[:2] == (1, 1) \
+            and mask.size(-1) == MASKS["window"][1]
+
+        def fwd():
+            if not window_row:  # dropped by time_in_turns, printed "-"
+                raise RuntimeError("ours-dense: the window row only")
+            return tfb.flash_attn(q, k[:, :, :keys], v[:, :, :keys])
+    elif backend == "ours":
         def fwd():
             return tfb.flash_attn(q, k, v, attn_mask=mask)
     elif backend == "ours-plain":
@@ -116,18 +137,19 @@ def profile(args):
             b, length = MASKS[kind]
             q, k, v = make_inputs(b, HEADS, length, E, torch.bfloat16, mode == "fwdbwd")
             mask = make_mask(kind, b, length)
-            run = runner("ours", q, k, v, mask, False, mode)
-            for _ in range(args.warmup):
-                run()
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(args.reps):
+            for backend in ("ours", "ours-plain") if args.plain else ("ours",):
+                run = runner(backend, q, k, v, mask, kind in CAUSAL, mode)
+                for _ in range(args.warmup):
                     run()
                 torch.cuda.synchronize()
-            print(f"{mode} {kind} (B {b}, L {length}): µs per call")
-            for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
-                if e.device_time_total > 0:
-                    print(f"  {e.device_time_total / args.reps:9.1f}  x{e.count // args.reps}  {e.key[:100]}")
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(args.reps):
+                        run()
+                    torch.cuda.synchronize()
+                print(f"{mode} {kind} (B {b}, L {length}), {backend}: µs per call")
+                for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+                    if e.device_time_total > 0:
+                        print(f"  {e.device_time_total / args.reps:9.1f}  x{e.count // args.reps}  {e.key[:100]}")
             del q, k, v, mask
 
 
@@ -140,6 +162,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--profile", action="store_true",
                    help="instead of the table, ours' kernels per call (the mask pre-pass apart), torch.profiler")
+    p.add_argument("--plain", action="store_true", help="with --profile: ours-plain's kernels too")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_masks.py needs a CUDA GPU")
@@ -165,7 +188,7 @@ def main(argv=None):
             ms = time_in_turns(runs, args.warmup, args.reps)
             t = {x: (math.nan if isinstance(ms[x], RuntimeError) else ms[x]) for x in backends}
             for x in backends:
-                if isinstance(ms[x], RuntimeError):
+                if isinstance(ms[x], RuntimeError) and x != "ours-dense":
                     notes.append(f"{x} {mode} {kind}: {str(ms[x]).splitlines()[0][:120]}")
             ratio = lambda a, c: t.get(a, math.nan) / t.get(c, math.nan)  # noqa: E731
             target = 1.3 * t.get("ours-plain", math.nan) * band_share(length, WINDOW) if kind == "window" else math.nan
@@ -173,6 +196,11 @@ def main(argv=None):
             cells += [f"{ratio('ours', 'ours-plain'):.2f}", f"{ratio('default', 'ours'):.2f}",
                       "" if math.isnan(target) else f"{target:.3f}"]
             print(f"| {mode} | {kind} | {b} | {length} | " + " | ".join(cells) + " |", flush=True)
+            if kind == "window" and not math.isnan(t.get("ours-dense", math.nan)):
+                band, dense = band_tiles(length, WINDOW)
+                notes.append(f"window {mode}: ours-dense {t['ours-dense']:.3f} ms over {dense} tiles a head; at that "
+                             f"per-tile rate the band's {band} tiles take {t['ours-dense'] * band / dense:.3f} ms "
+                             f"(target {target:.3f}, ours {t['ours']:.3f})")
             del q, k, v, mask
     print()
     for note in notes:

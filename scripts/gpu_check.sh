@@ -7,7 +7,10 @@
 #   STEPS=tests,bench bash scripts/gpu_check.sh
 # Steps outside the default: decode (benchmarks/bench_decode.py with $DECODE_ARGS,
 # run once per ';'-separated argument list), masks (benchmarks/bench_masks.py
-# with $MASK_ARGS) and model (benchmarks/bench_model.py with $MODEL_ARGS).
+# with $MASK_ARGS), model (benchmarks/bench_model.py with $MODEL_ARGS) and cp
+# (benchmarks/bench_cp.py under torchrun over every GPU, or $CP_RANKS of them,
+# once per ';'-separated argument list in $CP_ARGS; default: causal and not, with
+# --check).
 # SANITIZE_GRID names a grid of scripts/sanitize_small.py (sm80, default,
 # decode, masks) for the sanitize step (default: the sm80 and default passes).
 # A build made on another machine against the same torch can be carried in
@@ -95,6 +98,17 @@ if has model; then
   step "model benchmark"
   # shellcheck disable=SC2086
   python3 benchmarks/bench_model.py ${MODEL_ARGS:-} 2>&1 | tee "$OUT/bench_model.md" || status=1
+fi
+if has cp; then
+  ranks=${CP_RANKS:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+  IFS=';' read -ra runs <<<"${CP_ARGS:---check;--no-causal --check}"
+  for args in "${runs[@]}"; do
+    step "context parallelism over $ranks GPUs: bench_cp.py $args"
+    # shellcheck disable=SC2086
+    python3 -m torch.distributed.run --nproc-per-node "$ranks" benchmarks/bench_cp.py $args 2>&1 \
+      | tee -a "$OUT/bench_cp.md"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
 fi
 step "done (status $status)"
 exit $status
