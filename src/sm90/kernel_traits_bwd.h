@@ -102,8 +102,9 @@ struct BwdTraits {
                                  Stride<Int<kBlockM>, _1, Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
-  // dS, (query, key), queries contiguous: the consumers write dS^T pairs of
-  // neighbouring queries as one 32-bit store; dQ reads it as an MN-major A.
+  // dS, (query, key), queries contiguous: the consumers write dS^T by
+  // stmatrix, 8 neighbouring queries of a key at a time (the masked kernel:
+  // pairs of them as 32-bit stores); dQ reads it as an MN-major A.
   using SmemLayoutdS =
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   // The same bytes as (key, query), for the consumers' writes.

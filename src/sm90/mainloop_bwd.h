@@ -342,7 +342,16 @@ struct BwdMainloop {
     Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
     Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
     Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-    Tensor tdSsdS = thr_sdp.partition_C(sdSt);
+    // dS^T to shared memory by stmatrix (8 x 8 tiles, queries contiguous): an
+    // element-wise copy through the swizzled pointer became 16 generic stores
+    // a step with a 64-bit address each; 4 stmatrix took the backward 2-11%
+    // faster at head dims 64-128. Not where a mask is read: that kernel then
+    // spilled 40 bytes in its mixed-tile path and ran 1-3% slower
+    // (benchmarks/RESULTS.md v24), so it stores element-wise.
+    auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+    auto thr_store_ds = store_ds.get_thread_slice(wg_thread);
+    Tensor tdSsdS = thr_store_ds.partition_D(sdSt);
+    Tensor tdSsdS_each = thr_sdp.partition_C(sdSt);
     // (key, query) of each S^T element, within this warpgroup's 64 keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));
     Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
@@ -371,7 +380,11 @@ struct BwdMainloop {
       wgmma<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
 
       // dS^T into shared memory for dQ, while dV and dK run.
-      copy(ds_regs, tdSsdS);
+      if constexpr (mask::kReadsMemory<Policy>) {
+        copy(ds_regs, tdSsdS_each);
+      } else {
+        copy(store_ds, thr_store_ds.retile_S(ds_regs), tdSsdS);
+      }
       cutlass::arch::fence_view_async_shared();
       // The previous step's reduction has read the dQ buffer before anyone
       // writes it again; in the deterministic mode it has also landed.
