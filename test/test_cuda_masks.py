@@ -176,6 +176,24 @@ def test_forward_every_head_dim(dtype, e, family):
     check_forward(2, 2, 2, 300, 700, e, dtype, "empty", family)
 
 
+@pytest.mark.parametrize("kind", ["window300", "blocks", "empty", "padding"])
+def test_forward_more_units_than_sms(kind):
+    """Once each CTA has its first unit, the sm90 forward hands out a masked
+    call's units from a counter (tile_scheduler.h): here several units per SM,
+    of unequal cost. A second call must find the counter zero again: it gives
+    the same bits (each unit's arithmetic is fixed, whichever CTA runs it)."""
+    require(torch.bfloat16, 128, "sm90", passes=("fwd",))
+    torch.manual_seed(stable_seed(kind, 2))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    length = 1536  # 12 query tiles of 128 rows
+    heads = 2 * -(-3 * sms // (2 * 2 * 12))  # B 2, an even count (GQA 2:1): at least 3 units per SM
+    q, k, v, mask = check_forward(2, heads, heads // 2, length, length, 128, torch.bfloat16, kind, "sm90")
+    first, _ = ops.fwd(q, k, v, None, False, "sm90", attn_mask=mask)
+    poison(q)
+    again, _ = ops.fwd(q, k, v, None, False, "sm90", attn_mask=mask)
+    assert torch.equal(first, again), f"sm90 mask={kind}: a second call differs"
+
+
 def check_backward(b, hq, hkv, length, s, e, dtype, kind, family="sm80"):
     """The backward op on the reference's out and lse, against float64 autograd."""
     q, k, v, dout = (make(b, h, n, e, dtype) for h, n in ((hq, length), (hkv, s), (hkv, s), (hq, length)))

@@ -75,14 +75,15 @@ bool can_run_fwd(const AttnFwdParams& p) {
          strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
 }
 
-// attn_mask's tile summary (common/mask_summary.h) for the forward's tiles.
+// attn_mask's tile summary (common/mask_summary.h) for the forward's tiles,
+// then the dynamic scheduler's counter (launch.h).
 size_t fwd_workspace_bytes(const AttnFwdParams& params) {
   size_t bytes = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     const TileShape tile = tile_fwd(dtype, params.head_dim);
     if (tile.rows > 0) bytes = std::max(bytes, mask::summary_bytes(params, tile.rows, tile.keys));
   }
-  return bytes;
+  return bytes == 0 ? 0 : bytes + kUnitCounterBytes;
 }
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream) {

@@ -30,7 +30,7 @@ struct FwdEpilogue {
   // rows: the batch's query length; lse is written for those rows alone.
   template <class AccO, class Lse>
   CUTE_DEVICE static void store(Params const& p, typename Traits::SharedStorage& shared, AccO const& acc_o,
-                                Lse const& lse, TileScheduler::Tile const& tile, int rows, int thread_idx) {
+                                Lse const& lse, WorkTile const& tile, int rows, int thread_idx) {
     typename Traits::MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
     const int warpgroup = thread_idx / 128;

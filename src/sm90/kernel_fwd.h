@@ -24,7 +24,7 @@ struct FwdKernelParams {
   using Mask = typename FwdMainloop<Traits, Policy>::Mask;
   typename FwdMainloop<Traits, Policy>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
-  TileScheduler scheduler;
+  TileScheduler<mask::kReadsMemory<Policy>> scheduler;  // dynamic under a mask in memory
   // Every batch's lengths and mask, read through the accessors below
   // (mask_walk.h; can_run_fwd refuses params.h's SeqLens, per-batch lengths
   // would change these accessors).
@@ -63,6 +63,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Each consumer warpgroup frees Q: after its last Q K^T (separate O), else
     // once its O store has read the buffer.
     shared.q_free.init(Traits::kConsumerWarpgroups);
+    shared.handoff.init();
   }
 
   typename Pipeline::Params pipeline_params;
@@ -90,7 +91,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     typename Traits::MmaPV mma_pv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int local_tile_count = 0;
-    for (int pos = p.scheduler.first(); p.scheduler.valid(pos); pos = p.scheduler.next(pos), ++local_tile_count) {
+    constexpr bool kDynamic = decltype(p.scheduler)::kDynamic;
+    for (int pos = p.scheduler.first();; ++local_tile_count) {
+      if constexpr (kDynamic) pos = shared.handoff.take(local_tile_count);
+      if (!p.scheduler.valid(pos)) break;
       const auto tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       OnlineSoftmax<2> softmax;
@@ -100,6 +104,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The softmax ran on negated scores when the scale is negative.
       auto lse = softmax.finalize_rows(o, fabsf(p.scale));
       Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile.batch), thread_idx);
+      if constexpr (!kDynamic) pos = p.scheduler.next(pos);
     }
     // The last O store reads shared memory until it completes.
     if (thread_idx % 128 == 0) tma_store_wait<0>();

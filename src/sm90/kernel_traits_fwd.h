@@ -12,6 +12,8 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "sm90/tile_scheduler.h"
+
 namespace tfb {
 namespace sm90 {
 
@@ -114,6 +116,7 @@ struct FwdTraits {
     typename Pipeline::SharedStorage pipeline_v;
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed
     cutlass::arch::ClusterBarrier q_free;             // no one reads Q's buffer any more
+    UnitHandoff handoff;                              // a dynamic scheduler's units (tile_scheduler.h)
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in an H100's shared memory");

@@ -3,6 +3,8 @@
 // the only files compiled for sm_90a.
 #pragma once
 
+#include <cstddef>
+
 #include <cuda_runtime_api.h>
 
 #include "kernel_info.h"
@@ -10,6 +12,10 @@
 
 namespace tfb {
 namespace sm90 {
+
+// A masked forward's workspace: the mask's summary, then the counter of its
+// dynamic scheduler (tile_scheduler.h), zeroed by launch_fwd.
+constexpr size_t kUnitCounterBytes = 16;
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);

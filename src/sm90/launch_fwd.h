@@ -40,9 +40,10 @@ auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride
 }  // namespace detail
 
 // Policy: mask.h CausalOrNone, or FromMemory for attn_mask (whose summary
-// `a` then points at: launch_fwd runs the pre-pass).
+// `a` then points at, and next_unit at the dynamic scheduler's counter, zero:
+// launch_fwd runs the pre-pass).
 template <class Traits, class Policy>
-cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
+cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr) {
   using Element = typename Traits::Element;
   if (a.head_dim != Traits::kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 ||
       a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
@@ -82,7 +83,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream) {
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
        mO.shape(), a.lse, a.len_q, a.heads_q},
-      {int(m_blocks), a.heads_q, a.batch, a.is_causal},
+      {int(m_blocks), a.heads_q, a.batch, a.is_causal, next_unit},
       a.len_q,
       uniform_walk<typename FwdKernelParams<Traits, Policy>::Mask>(a),
       a.mask,
@@ -109,10 +110,14 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   if (params.mask.values != nullptr) {
     if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
     AttnFwdParams masked = params;
-    const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
+    cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
     if (err != cudaSuccess) return err;
-    if (mask::additive(params)) return launch_fwd_with<Traits, mask::FromMemoryAdditive>(masked, stream);
-    return launch_fwd_with<Traits, mask::FromMemory>(masked, stream);
+    int* next_unit = reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
+                                            mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN));
+    err = cudaMemsetAsync(next_unit, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+    if (mask::additive(params)) return launch_fwd_with<Traits, mask::FromMemoryAdditive>(masked, stream, next_unit);
+    return launch_fwd_with<Traits, mask::FromMemory>(masked, stream, next_unit);
   }
   if constexpr (!std::is_void_v<typename Config::ShortCausalTraits>) {
     if (params.is_causal && params.len_q <= Config::kShortCausalMaxLen) {

@@ -21,6 +21,7 @@
 #include "common/mask_apply.h"
 #include "params.h"
 #include "sm90/kernel_traits_bwd.h"
+#include "sm90/mask_walk.h"
 #include "sm90/utils.h"
 
 namespace tfb {
@@ -91,66 +92,38 @@ struct BwdMainloop {
     return (int64_t(batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
   }
 
-  // The steps of a key tile that the walk visits. A mask in memory skips the
-  // tiles it hides, and a tile's kind is a load: read one at a time, their
-  // latency stalled every step, hidden ones included (a sliding window's
-  // backward ran 1.8x its band's share of time). The cursor loads the kinds of kAhead
-  // steps at once and keeps which are hidden and which need the per-element
-  // pass: kWarp, a warp's lanes one each (every lane of the warp walks);
-  // else one thread, 8 (16 at once spilled 900 bytes at head dim 128).
+  // The steps of a key tile that the walk visits: a mask in memory skips the
+  // tiles it hides, read through a KindCursor (mask_walk.h); kWarp as there.
   template <class Masks, bool kWarp>
   struct StepCursor {
-    static constexpr int kAhead = kWarp ? 32 : 8;
-    static constexpr uint32_t kWindow = kAhead == 32 ? ~0u : (1u << kAhead) - 1;
     static constexpr bool kSkips = mask::kReadsMemory<Policy>;
-    BwdSteps const& steps;
-    Masks const& masks;
-    int batch, n_block;
-    int base = -kAhead;  // hidden and partial: steps [base, base + kAhead), bit i - base
-    uint32_t hidden = 0, partial = 0;
-
-    CUTE_DEVICE StepCursor(BwdSteps const& steps_, Masks const& masks_, int batch_, int n_block_)
-        : steps(steps_), masks(masks_), batch(batch_), n_block(n_block_) {}
-
-    CUTE_DEVICE uint8_t kind(int i) const {
-      const auto step = steps.at(i < steps.count ? i : steps.count - 1);
-      return uint8_t(masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block));
-    }
-    CUTE_DEVICE void load(int from) {
-      base = from;
-      constexpr uint8_t kHidden = uint8_t(mask::TileKind::kHidden), kVisible = uint8_t(mask::TileKind::kVisible);
-      if constexpr (kWarp) {
-        const uint8_t k = kind(from + int(threadIdx.x % 32));
-        hidden = __ballot_sync(~0u, k == kHidden);
-        partial = __ballot_sync(~0u, k != kVisible);
-      } else {
-        uint8_t kinds[kAhead];
-        CUTE_UNROLL
-        for (int j = 0; j < kAhead; ++j) kinds[j] = kind(from + j);  // every load issued before the first use
-        hidden = partial = 0;
-        CUTE_UNROLL
-        for (int j = 0; j < kAhead; ++j) {
-          hidden |= uint32_t(kinds[j] == kHidden) << j;
-          partial |= uint32_t(kinds[j] != kVisible) << j;
-        }
+    struct KindAt {
+      BwdSteps const& steps;
+      Masks const& masks;
+      int batch, n_block;
+      CUTE_DEVICE mask::TileKind operator()(int i) const {
+        const auto step = steps.at(i);
+        return masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block);
       }
-    }
+    };
+    KindCursor<kWarp, KindAt> kinds;
+    int n_block;
+
+    CUTE_DEVICE StepCursor(BwdSteps const& steps, Masks const& masks, int batch, int n_block_)
+        : kinds(KindAt{steps, masks, batch, n_block_}, steps.count), n_block(n_block_) {}
+
     // The first visited step at or after i (steps.count or more: none).
     CUTE_DEVICE int next(int i) {
       if constexpr (kSkips) {
-        while (i < steps.count) {
-          if (i >= base + kAhead) load(i);
-          const uint32_t visited = (~hidden & kWindow) >> (i - base);
-          if (visited != 0) return i + __ffs(visited) - 1;
-          i = base + kAhead;
-        }
+        return kinds.next(i);
+      } else {
+        return i;
       }
-      return i;
     }
     // Whether visited step i (query tile m_block) needs the per-element pass.
     CUTE_DEVICE bool needs_predicate(Mask const& mask, int i, int m_block) const {
       if constexpr (kSkips) {
-        return ((partial >> (i - base)) & 1) || (n_block + 1) * kBlockN > mask.policy.len_k;
+        return kinds.partial_at(i) || (n_block + 1) * kBlockN > mask.policy.len_k;
       } else {
         return mask.needs_predicate(m_block, n_block);
       }

@@ -21,6 +21,7 @@
 #include "params.h"
 #include "common/mask_apply.h"
 #include "common/softmax.h"
+#include "sm90/mask_walk.h"
 #include "sm90/tile_scheduler.h"
 #include "sm90/utils.h"
 
@@ -56,13 +57,59 @@ struct FwdMainloop {
     float scale_log2;
   };
 
-  // The first key tile a query tile visits: the last its mask keeps, or tile
-  // 0 where it keeps none (whose scores the mask then hides, so that every
-  // query tile runs at least one step and its rows come out empty).
-  CUTE_DEVICE static int first_n_block(Mask const& mask, int m_block) {
-    const int n = mask.visited_at_or_below(m_block, mask.n_blocks(m_block).end - 1);
-    return n < 0 ? 0 : n;
-  }
+  // Query tile m_block's key tiles, visited from the last it may see down to
+  // the first, each with whether it needs the per-element pass. A mask in
+  // memory's kinds come through a KindCursor (mask_walk.h; kWarp as there),
+  // whose step i is key tile top - i.
+  template <bool kWarp>
+  struct KeyWalk {
+    static constexpr bool kReadsMemory = mask::kReadsMemory<Policy>;
+    struct KindAt {
+      Mask const& mask;
+      int m_block, top;
+      CUTE_DEVICE mask::TileKind operator()(int i) const { return mask.policy.kind(m_block, top - i); }
+    };
+    Mask const& mask;
+    int m_block, top;
+    KindCursor<kWarp, KindAt> kinds;
+
+    CUTE_DEVICE KeyWalk(Mask const& mask_, int m_block_)
+        : mask(mask_),
+          m_block(m_block_),
+          top(mask_.n_blocks(m_block_).end - 1),
+          kinds(KindAt{mask_, m_block_, top}, top + 1) {}
+
+    // The first key tile: the last visited, or tile 0 where none is (whose
+    // scores the mask then hides, so that every query tile runs at least one
+    // step and its rows come out empty).
+    CUTE_DEVICE int first(bool& predicate) {
+      if constexpr (kReadsMemory) {
+        const int i = kinds.next(0);
+        if (i > top) {
+          predicate = true;
+          return 0;
+        }
+        // Keys past len_k: the top tile alone holds them.
+        predicate = kinds.partial_at(i) || (i == 0 && (top + 1) * kBlockN > mask.policy.len_k);
+        return top - i;
+      } else {
+        const int n = mask.visited_at_or_below(m_block, top);
+        predicate = mask.needs_predicate(m_block, n < 0 ? 0 : n);
+        return n < 0 ? 0 : n;
+      }
+    }
+    // The next visited key tile below n (negative: none), n the last one given.
+    CUTE_DEVICE int below(int n, bool& predicate) {
+      if constexpr (kReadsMemory) {
+        const int i = kinds.next(top - n + 1);
+        predicate = i > top || kinds.partial_at(i);
+        return top - i;
+      } else {
+        predicate = n > 0 && mask.needs_predicate(m_block, n - 1);
+        return n - 1;
+      }
+    }
+  };
 
   // Producer: runs on one thread of the producer warpgroup.
   // masks: anything with mask(batch, head) -> Mask (the kernel's params).
@@ -78,7 +125,10 @@ struct FwdMainloop {
 
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     int local_tile_count = 0;
-    for (int pos = scheduler.first(); scheduler.valid(pos); pos = scheduler.next(pos), ++local_tile_count) {
+    int pos = scheduler.first();
+    for (; scheduler.valid(pos); ++local_tile_count) {
+      // Taken first: a dynamic scheduler's next unit comes back while this one loads.
+      const int next_pos = scheduler.next(pos);
       const auto tile = scheduler.tile(pos);
       const int kv_head = tile.head / p.group;
       Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
@@ -90,25 +140,32 @@ struct FwdMainloop {
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
       const Mask& mask = masks.mask(tile.batch, tile.head);
-      const int n_first = first_n_block(mask, tile.m_block);
+      KeyWalk<false> walk(mask, tile.m_block);
+      bool predicate;  // the consumers' concern: every visited tile loads alike
+      const int n_first = walk.first(predicate);
       // The first K tile goes first: it waits for nothing, while Q waits
       // until the previous tile is done with Q's buffer.
       pipeline_k.producer_acquire(write);
       copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
+      if constexpr (Scheduler::kDynamic) shared.handoff.publish(pos);
       shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
       copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
       pipeline_v.producer_acquire(write);
       copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_first), tVsV(_, write.index()));
       ++write;
-      for (int n_block = mask.visited_at_or_below(tile.m_block, n_first - 1); n_block >= 0;
-           n_block = mask.visited_at_or_below(tile.m_block, n_block - 1)) {
+      for (int n_block = walk.below(n_first, predicate); n_block >= 0; n_block = walk.below(n_block, predicate)) {
         pipeline_k.producer_acquire(write);
         copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
         pipeline_v.producer_acquire(write);
         copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_block), tVsV(_, write.index()));
         ++write;
       }
+      pos = next_pos;
+    }
+    if constexpr (Scheduler::kDynamic) {  // the end, once the consumers have taken the last unit
+      if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
+      shared.handoff.publish(pos);
     }
   }
 
@@ -157,9 +214,10 @@ struct FwdMainloop {
         if (last && thread_idx % 128 == 0) shared.q_free.arrive();
       }
     };
-    auto mask_scores = [&](auto& acc_s, int n_block) {
+    // predicate: the walk's, for a mask in memory (a band computes its own).
+    auto mask_scores = [&](auto& acc_s, int n_block, bool predicate) {
       if (flip) negate_scores(acc_s);
-      if (mask.needs_predicate(m_block, n_block)) {
+      if (mask::kReadsMemory<Policy> ? predicate : mask.needs_predicate(m_block, n_block)) {
         if constexpr (mask::kAddsValues<Policy>) {
           Tensor s = acc_rowcol(acc_s);
           Tensor coord = acc_rowcol(tScS);
@@ -183,8 +241,10 @@ struct FwdMainloop {
     };
 
     clear(acc_o);
-    const int n_first = first_n_block(mask, m_block);
-    int n_next = mask.visited_at_or_below(m_block, n_first - 1);
+    KeyWalk<true> walk(mask, m_block);
+    bool predicate_next;
+    const int n_first = walk.first(predicate_next);
+    bool predicate = predicate_next;
     shared.q_full.wait(local_tile_count & 1);
     if constexpr (Traits::kQInRegisters) {  // once per query tile
       auto load_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
@@ -198,11 +258,14 @@ struct FwdMainloop {
     turn_begin();
     wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
     turn_end();
+    // The walk moves on while the tensor cores work (walked before the
+    // GEMMs' issue, it cost a mask that keeps everything ~1%).
+    int n_next = walk.below(n_first, predicate_next);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     pipeline_k.consumer_release(read);
     release_q(n_next < 0);
-    mask_scores(acc_s, n_first);
+    mask_scores(acc_s, n_first, predicate);
     {
       Tensor s = acc_rowcol(acc_s);
       softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
@@ -216,18 +279,19 @@ struct FwdMainloop {
     // previous one back to back, then runs the softmax of the new S while
     // P V is still on the tensor cores; only the O rescale waits for it.
     for (int n_block = n_next; n_block >= 0; n_block = n_next) {
-      n_next = mask.visited_at_or_below(m_block, n_block - 1);
+      predicate = predicate_next;
       pipeline_k.consumer_wait(read);
       turn_begin();
       wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
       pipeline_v.consumer_wait(read_v);
       wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
       turn_end();
+      n_next = walk.below(n_block, predicate_next);
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc_s);
       pipeline_k.consumer_release(read);
       release_q(n_next < 0);
-      mask_scores(acc_s, n_block);
+      mask_scores(acc_s, n_block, predicate);
       Tensor s = acc_rowcol(acc_s);
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);

@@ -1,5 +1,5 @@
-// Persistent tile scheduler: one CTA per SM walks work units with a stride of
-// the grid size; a unit is one or two query tiles of one (batch, head).
+// Persistent tile scheduler: one CTA per SM walks work units; a unit is one
+// or two query tiles of one (batch, head).
 //
 // Units of one (batch, head) are consecutive, so the CTAs running at the same
 // time read the same K/V tiles, which mostly hit L2. Without a mask a unit is
@@ -9,34 +9,55 @@
 // the grid leaves the CTAs with equal loads (an odd M's middle tile is a unit
 // of its own, at half the cost).
 //
+// Under a mask in memory a unit costs the key tiles the mask keeps, which the
+// device alone knows; striding such units over the grid left the busiest CTA
+// of a sliding window 1.18x the mean load. There the scheduler is dynamic
+// (kDynamic): after the grid's first units, each CTA's producer takes the
+// next unit from a counter in global memory, as soon as it starts the
+// previous one, and hands it to its consumers through shared memory
+// (UnitHandoff).
+//
 // A position encodes (unit, half): half 0 is the unit's first (heavier) tile,
 // half 1 its folded partner.
 #pragma once
 
 #include <cute/config.hpp>
+#include <cutlass/arch/barrier.h>
 
 namespace tfb {
 namespace sm90 {
 
+// One query tile of one (batch, head).
+struct WorkTile {
+  int m_block, head, batch;
+};
+
+template <bool kDynamic_>
 struct TileScheduler {
-  struct Tile {
-    int m_block, head, batch;
-  };
+  static constexpr bool kDynamic = kDynamic_;
+  using Tile = WorkTile;
 
   int num_m_blocks;
   int heads;
   int batch;
-  bool fold;  // causal: pair tile M-1-i with tile i
+  bool fold;             // causal: pair tile M-1-i with tile i
+  int* next_unit = nullptr;  // kDynamic: units taken past the grid's first; zero at launch
 
   CUTE_HOST_DEVICE int units_per_head() const { return fold ? (num_m_blocks + 1) / 2 : num_m_blocks; }
   CUTE_HOST_DEVICE int num_units() const { return units_per_head() * heads * batch; }
 
   CUTE_DEVICE int first() const { return 2 * int(blockIdx.x); }
   CUTE_DEVICE bool valid(int pos) const { return pos / 2 < num_units(); }
+  // The position after pos; dynamic, the producer's alone to call (it takes a unit).
   CUTE_DEVICE int next(int pos) const {
     const int unit = pos / 2;
     const bool has_partner = fold && 2 * (unit % units_per_head()) + 1 < num_m_blocks;
-    return pos % 2 == 0 && has_partner ? pos + 1 : 2 * (unit + int(gridDim.x));
+    if (pos % 2 == 0 && has_partner) return pos + 1;
+    if constexpr (kDynamic) {
+      return 2 * (int(gridDim.x) + atomicAdd(next_unit, 1));
+    } else {
+      return 2 * (unit + int(gridDim.x));
+    }
   }
 
   CUTE_HOST_DEVICE Tile tile(int pos) const {
@@ -44,6 +65,29 @@ struct TileScheduler {
     const int pair = unit / units_per_head();
     const int i = unit % units_per_head();
     return {pos % 2 == 0 ? num_m_blocks - 1 - i : i, pair % heads, pair / heads};
+  }
+};
+
+// A dynamic scheduler's positions, from the producer to the consumers: one
+// phase of `ready` per unit, then one for the end (an invalid position). The
+// producer publishes a unit's position once the consumers have freed the
+// previous unit's Q, which they do after taking its position, so one slot
+// holds it.
+struct UnitHandoff {
+  cutlass::arch::ClusterBarrier ready;
+  int pos;
+
+  CUTE_DEVICE void init() { ready.init(1); }
+  CUTE_DEVICE void publish(int p) {
+    pos = p;
+    asm volatile("" ::: "memory");  // the store before the arrive (which releases it)
+    ready.arrive();
+  }
+  // count: how many units this CTA has run before.
+  CUTE_DEVICE int take(int count) {
+    ready.wait(count & 1);
+    asm volatile("" ::: "memory");  // the load after the wait (which acquires it)
+    return *static_cast<volatile int*>(&pos);
   }
 };
 
