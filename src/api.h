@@ -25,7 +25,7 @@ bool has_bwd(DType dtype, int head_dim);
 bool can_run_fwd(const AttnFwdParams& params);
 bool can_run_bwd(const AttnBwdParams& params);
 
-size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // attn_mask's summary (0 without one)
 size_t bwd_workspace_bytes(const AttnBwdParams& params);
 
 // Launch on `stream`; return the launch's error (cudaSuccess when queued).
@@ -47,8 +47,8 @@ bool has_bwd(DType dtype, int head_dim);
 bool can_run_fwd(const AttnFwdParams& params);
 bool can_run_bwd(const AttnBwdParams& params);  // the same for q, k, v and dout
 
-size_t fwd_workspace_bytes(const AttnFwdParams& params);  // 0
-size_t bwd_workspace_bytes(const AttnBwdParams& params);  // sm80's layout (dQ accumulator, row statistics)
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // attn_mask's summary and the scheduler's counter (0 without a mask)
+size_t bwd_workspace_bytes(const AttnBwdParams& params);  // sm80's layout (dQ accumulator, row statistics), attn_mask's summary
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);
 cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t stream);
