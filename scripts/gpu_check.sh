@@ -11,6 +11,8 @@
 # (benchmarks/bench_cp.py under torchrun over every GPU, or $CP_RANKS of them,
 # once per ';'-separated argument list in $CP_ARGS; default: causal and not, with
 # --check).
+# The tests step runs pytest with $TEST_ARGS (default -m gpu) over $TEST_PATHS
+# (default: the whole test directory; e.g. TEST_PATHS="test/test_cuda_masks.py").
 # SANITIZE_GRID names a grid of scripts/sanitize_small.py (sm80, default,
 # decode, masks) for the sanitize step (default: the sm80 and default passes).
 # A build made on another machine against the same torch can be carried in
@@ -60,7 +62,8 @@ if has compile_times && [[ -f scripts/compile_times.py ]]; then
 fi
 if has tests; then
   step "tests"
-  python3 -m pytest -q -rs ${TEST_ARGS:--m gpu} test 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -rs ${TEST_ARGS:--m gpu} ${TEST_PATHS:-test} 2>&1 | tee "$OUT/tests.log" | tail -40 || status=1
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 if has sanitize; then
