@@ -132,7 +132,9 @@ def baseline_grads(q, k, v, mask, dout):
 
 KINDS = ["random", "padding", "window1", "window64", "window300", "blocks", "empty", "transposed", "2d"]
 # (B, Hq, Hkv, L, S): odd and unequal lengths, GQA 4:1.
-SHAPES = [(2, 4, 4, 128, 128), (1, 8, 2, 300, 517), (2, 4, 1, 1000, 17), (1, 2, 2, 17, 1000), (1, 2, 2, 1, 129)]
+# S = 1008: whole 16-key pieces (the pre-pass's 16-byte loads), a last key tile in part.
+SHAPES = [(2, 4, 4, 128, 128), (1, 8, 2, 300, 517), (2, 4, 1, 1000, 17), (1, 2, 2, 17, 1000), (1, 2, 2, 1, 129),
+          (1, 4, 2, 200, 1008)]
 
 
 def shape_id(c):
@@ -174,6 +176,7 @@ def test_forward_every_head_dim(dtype, e, family):
     check_forward(2, 4, 2, 200, 333, e, dtype, "blocks", family)
     check_forward(1, 2, 2, 129, 250, e, dtype, "window64", family)
     check_forward(2, 2, 2, 300, 700, e, dtype, "empty", family)
+    check_forward(1, 2, 1, 200, 1008, e, dtype, "blocks", family)  # 16-byte loads, a last key tile in part
 
 
 @pytest.mark.parametrize("kind", ["window300", "blocks", "empty", "padding"])
@@ -233,6 +236,7 @@ def test_backward_every_head_dim(dtype, e, family):
     check_backward(2, 4, 2, 200, 333, e, dtype, "blocks", family)
     check_backward(1, 2, 2, 129, 250, e, dtype, "empty", family)
     check_backward(2, 4, 1, 300, 700, e, dtype, "padding", family)
+    check_backward(1, 2, 1, 200, 1008, e, dtype, "window300", family)  # 16-byte loads, a last key tile in part
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -148,7 +148,7 @@ struct FwdMainloop {
       pipeline_k.producer_acquire(write);
       copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      if constexpr (Scheduler::kDynamic) shared.handoff.publish(pos);
+      if constexpr (Scheduler::kDynamic) shared.handoff.publish(pos, local_tile_count);
       shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
       copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
       pipeline_v.producer_acquire(write);
@@ -165,7 +165,7 @@ struct FwdMainloop {
     }
     if constexpr (Scheduler::kDynamic) {  // the end, once the consumers have taken the last unit
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      shared.handoff.publish(pos);
+      shared.handoff.publish(pos, local_tile_count);
     }
   }
 

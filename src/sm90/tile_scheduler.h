@@ -69,25 +69,27 @@ struct TileScheduler {
 };
 
 // A dynamic scheduler's positions, from the producer to the consumers: one
-// phase of `ready` per unit, then one for the end (an invalid position). The
-// producer publishes a unit's position once the consumers have freed the
-// previous unit's Q, which they do after taking its position, so one slot
-// holds it.
+// phase of `ready` per unit, then one for the end (an invalid position). Unit
+// i's position goes into slot i mod 2, published once the consumers have
+// freed unit i - 1's Q, which they do after reading its position; the slot's
+// previous readers (unit i - 2) have by then released K stages the producer
+// waited for. With one slot, compute-sanitizer's racecheck reported the end's
+// write against the last unit's reads (benchmarks/RESULTS.md v25).
 struct UnitHandoff {
   cutlass::arch::ClusterBarrier ready;
-  int pos;
+  int pos[2];
 
   CUTE_DEVICE void init() { ready.init(1); }
-  CUTE_DEVICE void publish(int p) {
-    pos = p;
+  // count: how many units this CTA has run before.
+  CUTE_DEVICE void publish(int p, int count) {
+    pos[count & 1] = p;
     asm volatile("" ::: "memory");  // the store before the arrive (which releases it)
     ready.arrive();
   }
-  // count: how many units this CTA has run before.
   CUTE_DEVICE int take(int count) {
     ready.wait(count & 1);
     asm volatile("" ::: "memory");  // the load after the wait (which acquires it)
-    return *static_cast<volatile int*>(&pos);
+    return *static_cast<volatile int*>(&pos[count & 1]);
   }
 };
 
