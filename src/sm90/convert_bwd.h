@@ -2,28 +2,41 @@
 // order), times the softmax scale, written to dq in the input dtype with its
 // strides. The accumulator holds each query tile in the main kernel's
 // fragment order, so each thread reads back the values one consumer thread
-// staged, in the same registers' layout.
+// staged, in the same registers' layout; the tile then goes through shared
+// memory, so that dq's rows are written 16 bytes a thread (straight from the
+// fragments, 4-byte stores covering 16 bytes of 8 rows each, the kernel ran at
+// half the memory bandwidth: benchmarks/RESULTS.md v26).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
 #include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
 
 #include "params.h"
 #include "common/grid.h"
 #include "common/workspace_bwd.h"
-#include "sm90/epilogue_bwd.h"
 #include "sm90/kernel_traits_bwd.h"
 
 namespace tfb {
 namespace sm90 {
 
+// The CTA's query tile of dq in 16 bits. Rows are padded by 16 bytes: the
+// fragments' pair stores (8 rows x 4 threads a warp) then fall in distinct banks
+// for every head dim.
+template <class Traits>
+struct DqStage {
+  using Element = typename Traits::Element;
+  static constexpr int kPitch = Traits::kHeadDim + 8;  // elements
+  alignas(16) Element data[Traits::kBlockM * kPitch];
+};
+
 // Thread t of consumer warpgroup w: its values of the query tile's dQ (the
-// splits summed in order) back in the registers' layout, then stored.
+// splits summed in order), scaled, into the stage.
 template <class Traits, int w>
-CUTE_DEVICE void convert_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws, float const* tile, int head,
-                                  int batch, int m0, int wg_thread) {
+CUTE_DEVICE void stage_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws, float const* tile,
+                                DqStage<Traits>& stage, int wg_thread) {
   using Slice = typename Traits::template DqSlice<w>;
   typename Slice::Mma mma;
   Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Slice::kCols>>{}));
@@ -35,25 +48,58 @@ CUTE_DEVICE void convert_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws
     CUTE_UNROLL
     for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + Traits::dq_index(j, wg_thread)];
   }
-  const int row0 = m0 + Slice::kRow0;
   using Element = typename Traits::Element;
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
-                int64_t(row0) * p.dq_row_stride + Slice::kCol0;
-  store_pairs(acc, coord, p.scale, dq, p.dq_row_stride, p.seqlen_q(batch) - row0);
+  cutlass::NumericArrayConverter<Element, float, 2> convert;
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc); j += 2) {  // values 2i and 2i + 1: one row's neighbouring columns
+    const int row = Slice::kRow0 + get<0>(coord(j)), col = Slice::kCol0 + get<1>(coord(j));
+    cutlass::Array<float, 2> pair;
+    pair[0] = acc(j) * p.scale;
+    pair[1] = acc(j + 1) * p.scale;
+    const cutlass::Array<Element, 2> converted = convert(pair);
+    *reinterpret_cast<uint32_t*>(&stage.data[row * DqStage<Traits>::kPitch + col]) =
+        reinterpret_cast<uint32_t const&>(converted);
+  }
 }
 
 // One CTA per (query tile, q head, batch), a thread per consumer thread.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads)
     bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  __shared__ DqStage<Traits> stage;
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int m0 = blockIdx.x * Traits::kBlockM;
-  float const* tile = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * Traits::kHeadDim;
+  float const* tile = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kHeadDim;
   if (threadIdx.x < 128) {
-    convert_dq_slice<Traits, 0>(p, ws, tile, head, batch, m0, threadIdx.x);
+    stage_dq_slice<Traits, 0>(p, ws, tile, stage, threadIdx.x);
   } else {
-    convert_dq_slice<Traits, 1>(p, ws, tile, head, batch, m0, threadIdx.x - 128);
+    stage_dq_slice<Traits, 1>(p, ws, tile, stage, threadIdx.x - 128);
+  }
+  __syncthreads();
+  // The rows that exist, 8 values (16 bytes) a thread at a time; 4-byte pieces
+  // where dq's rows or start are not 16-byte aligned.
+  constexpr int kPieces = kHeadDim / 8;
+  const int rows = min(Traits::kBlockM, p.seqlen_q(batch) - m0);
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+                int64_t(m0) * p.dq_row_stride;
+  const bool vectors = (reinterpret_cast<uintptr_t>(p.dq) % 16 | (p.dq_batch_stride | p.dq_head_stride |
+                                                                  p.dq_row_stride) % 8) == 0;
+  for (int i = threadIdx.x; i < rows * kPieces; i += Traits::kConsumerThreads) {
+    const int r = i / kPieces, c = i % kPieces;
+    const uint4 v = *reinterpret_cast<const uint4*>(&stage.data[r * DqStage<Traits>::kPitch + c * 8]);
+    Element* out = dq + r * p.dq_row_stride + c * 8;
+    if (vectors) {
+      *reinterpret_cast<uint4*>(out) = v;
+    } else {
+      uint32_t* words = reinterpret_cast<uint32_t*>(out);
+      words[0] = v.x;
+      words[1] = v.y;
+      words[2] = v.z;
+      words[3] = v.w;
+    }
   }
 }
 

@@ -2,8 +2,7 @@
 // (times the softmax scale) and dV, 64 keys by kDkvCols columns, from
 // registers to global memory, a converted column pair per 32-bit store, rows
 // past the end of the keys left out. Once per key tile, after a walk over every query tile: its cost is
-// small beside the walk, so it takes no shared memory and no TMA. The dQ
-// convert kernel writes dq the same way (store_pairs).
+// small beside the walk, so it takes no shared memory and no TMA.
 #pragma once
 
 #include <cstdint>
