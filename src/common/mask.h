@@ -212,13 +212,17 @@ struct TileWalk {
     }
   }
 
+  // Whether key tile n_block reaches past len_k: the keys there are hidden,
+  // whatever a mask in memory's tile kind says (the pre-pass sees keys < len_k).
+  TFB_HOST_DEVICE bool past_len_k(int n_block) const { return (n_block + 1) * kBlockN > policy.len_k; }
+
   // Whether tile (m_block, n_block) holds a hidden pair: keys past len_k, a
   // row whose band ends inside the tile, or one whose band starts inside it.
   TFB_HOST_DEVICE bool needs_predicate(int m_block, int n_block) const {
     const int col_begin = n_block * kBlockN;
     const int col_end = col_begin + kBlockN;
     if constexpr (kReadsMemory<Policy>) {
-      return col_end > policy.len_k || policy.kind(m_block, n_block) != TileKind::kVisible;
+      return past_len_k(n_block) || policy.kind(m_block, n_block) != TileKind::kVisible;
     } else {
       return col_end > policy.key_end(m_block * kBlockM) || policy.key_begin(last_row(m_block)) > col_begin;
     }

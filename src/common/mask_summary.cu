@@ -21,6 +21,7 @@ struct SummaryArgs {
   uint8_t* kinds;
   uint16_t* bits;  // the bit planes seen as 16-key pieces
   int tile_words;  // 64-bit words per key tile and row
+  int* zero;       // set to 0 by the first thread, when given
 };
 
 // The four bytes of x as four bits, a bit per nonzero byte, byte 0 lowest.
@@ -119,6 +120,7 @@ __device__ __forceinline__ void scan_tile_values(const SummaryArgs& a, const uin
 }
 
 __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
+  if (a.zero != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.zero = 0;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int64_t tiles = a.shape.tiles();
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(256) summarize_kernel(const SummaryArgs a) {
 
 }  // namespace
 
-cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream) {
+cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream, int* zero) {
   if (tile_n % 16 != 0) return cudaErrorInvalidValue;
   MaskArgs& m = p.mask;
   const SummaryShape shape = summary_shape(p, tile_m, tile_n);
@@ -172,7 +174,7 @@ cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, c
   uint64_t* bits = reinterpret_cast<uint64_t*>(kinds + shape.kinds_bytes());
   SummaryArgs a{m.values, m.values_batch_stride, m.values_head_stride, m.values_row_stride, m.values_col_stride,
                 p.len_q, p.len_k, tile_m, tile_n, shape, m.values_type, false, kinds,
-                reinterpret_cast<uint16_t*>(bits), FromMemory::tile_words(tile_n)};
+                reinterpret_cast<uint16_t*>(bits), FromMemory::tile_words(tile_n), zero};
   a.vectors = a.type == MaskValues::kBool && a.col_stride == 1 && reinterpret_cast<uintptr_t>(a.values) % 16 == 0 && a.row_stride % 16 == 0 &&
               a.batch_stride % 16 == 0 && a.head_stride % 16 == 0 && p.len_k % 16 == 0;
   const int64_t blocks = std::min<int64_t>((shape.tiles() + 7) / 8, int64_t(1) << 20);

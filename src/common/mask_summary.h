@@ -54,8 +54,10 @@ inline bool additive(const AttnFwdParams& p) { return p.mask.values_type != Mask
 
 // Writes the summary for tiles of tile_m x tile_n (tile_n a multiple of 16)
 // into `scratch` (summary_bytes of it, 16-byte aligned) and points
-// p.mask.tile_kinds, p.mask.bits and their strides at it.
-cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream);
+// p.mask.tile_kinds, p.mask.bits and their strides at it. zero: an int the
+// pre-pass sets to 0 on the way (a main kernel's counter; saves a launch).
+cudaError_t summarize(AttnFwdParams& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream,
+                      int* zero = nullptr);
 
 // Batch b, query head h's mask, for a kernel whose tiles summarize() saw
 // (Policy: FromMemory or FromMemoryAdditive).

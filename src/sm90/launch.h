@@ -14,7 +14,7 @@ namespace tfb {
 namespace sm90 {
 
 // A masked forward's workspace: the mask's summary, then the counter of its
-// dynamic scheduler (tile_scheduler.h), zeroed by launch_fwd.
+// dynamic scheduler (tile_scheduler.h), zeroed by the mask pre-pass.
 constexpr size_t kUnitCounterBytes = 16;
 
 template <typename Element, int kHeadDim>

@@ -110,11 +110,10 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   if (params.mask.values != nullptr) {
     if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
     AttnFwdParams masked = params;
-    cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
-    if (err != cudaSuccess) return err;
     int* next_unit = reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
                                             mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN));
-    err = cudaMemsetAsync(next_unit, 0, sizeof(int), stream);
+    const cudaError_t err =
+        mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream, next_unit);
     if (err != cudaSuccess) return err;
     if (mask::additive(params)) return launch_fwd_with<Traits, mask::FromMemoryAdditive>(masked, stream, next_unit);
     return launch_fwd_with<Traits, mask::FromMemory>(masked, stream, next_unit);

@@ -123,7 +123,7 @@ struct BwdMainloop {
     // Whether visited step i (query tile m_block) needs the per-element pass.
     CUTE_DEVICE bool needs_predicate(Mask const& mask, int i, int m_block) const {
       if constexpr (kSkips) {
-        return kinds.partial_at(i) || (n_block + 1) * kBlockN > mask.policy.len_k;
+        return kinds.partial_at(i) || mask.past_len_k(n_block);
       } else {
         return mask.needs_predicate(m_block, n_block);
       }

@@ -90,7 +90,7 @@ struct FwdMainloop {
           return 0;
         }
         // Keys past len_k: the top tile alone holds them.
-        predicate = kinds.partial_at(i) || (i == 0 && (top + 1) * kBlockN > mask.policy.len_k);
+        predicate = kinds.partial_at(i) || (i == 0 && mask.past_len_k(top));
         return top - i;
       } else {
         const int n = mask.visited_at_or_below(m_block, top);
