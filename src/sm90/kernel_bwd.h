@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0) {
+    if (warp == 0) {  // the whole warp walks a mask's tile kinds; its lane 0 issues
       auto write = cutlass::make_producer_start_state<Pipeline>();
       int unit = 0;
       for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {

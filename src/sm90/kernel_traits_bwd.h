@@ -34,6 +34,12 @@ namespace sm90 {
 
 using namespace cute;
 
+// The step a stage carries, written by the producer when the kernel reads a
+// mask (it alone walks the tile kinds); m_block < 0: the key tile's end.
+struct StepNote {
+  int m_block, head_q, predicate;
+};
+
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplitDim_ = false>
 struct BwdTraits {
   using Element = Element_;
@@ -103,8 +109,8 @@ struct BwdTraits {
   using SmemLayoutKt = decltype(composition(
       SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Stride<Int<kBlockN>, _1>{})));
   // dS, (query, key), queries contiguous: the consumers write dS^T by
-  // stmatrix, 8 neighbouring queries of a key at a time (the masked kernel:
-  // pairs of them as 32-bit stores); dQ reads it as an MN-major A.
+  // stmatrix, 8 neighbouring queries of a key at a time; dQ reads it as an
+  // MN-major A.
   using SmemLayoutdS =
       decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   // The same bytes as (key, query), for the consumers' writes.
@@ -148,6 +154,7 @@ struct BwdTraits {
     alignas(128) cute::array_aligned<float, kSplitDim ? 1 : kDqElems> dq;                 // dQ staged for the reduction
     alignas(16) float lse[kStages][kBlockM];   // lse * log2(e) of the stage's rows (lands with Q)
     alignas(16) float dsum[kStages][kBlockM];  // rowsum(dO * O) (lands with dO)
+    StepNote notes[kStages];                   // a mask in memory: the stage's step (mainloop_bwd.h)
     typename Pipeline::SharedStorage pipeline_q;
     typename Pipeline::SharedStorage pipeline_do;
     cutlass::arch::ClusterTransactionBarrier kv_full;  // K and V landed

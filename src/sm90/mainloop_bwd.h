@@ -92,9 +92,12 @@ struct BwdMainloop {
     return (int64_t(batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
   }
 
-  // The steps of a key tile that the walk visits: a mask in memory skips the
-  // tiles it hides, read through a KindCursor (mask_walk.h); kWarp as there.
-  template <class Masks, bool kWarp>
+  // The producer's walk over a key tile's steps: a mask in memory skips the
+  // tiles it hides, read through a KindCursor (mask_walk.h) by the whole
+  // producer warp, 32 kinds a load (one thread's 8 at a time left the
+  // consumers waiting at each key tile's start and, for its end note, past
+  // its last visited step).
+  template <class Masks>
   struct StepCursor {
     static constexpr bool kSkips = mask::kReadsMemory<Policy>;
     struct KindAt {
@@ -106,7 +109,7 @@ struct BwdMainloop {
         return masks.mask(batch, step.head_q).policy.kind(step.m_block, n_block);
       }
     };
-    KindCursor<kWarp, KindAt> kinds;
+    KindCursor<true, KindAt> kinds;
     int n_block;
 
     CUTE_DEVICE StepCursor(BwdSteps const& steps, Masks const& masks, int batch, int n_block_)
@@ -120,17 +123,60 @@ struct BwdMainloop {
         return i;
       }
     }
-    // Whether visited step i (query tile m_block) needs the per-element pass.
-    CUTE_DEVICE bool needs_predicate(Mask const& mask, int i, int m_block) const {
-      if constexpr (kSkips) {
-        return kinds.partial_at(i) || mask.past_len_k(n_block);
-      } else {
-        return mask.needs_predicate(m_block, n_block);
-      }
+    // Whether visited step i needs the per-element pass (a mask in memory).
+    CUTE_DEVICE bool partial(Mask const& mask, int i) const {
+      return kinds.partial_at(i) || mask.past_len_k(n_block);
     }
   };
 
-  // Producer: one thread. unit: this CTA's how-many-th key tile (phase of kv_full).
+  // What a consumer computes at a step: query tile m_block of query head
+  // head_q, and whether its tile holds a hidden pair.
+  struct Step {
+    int m_block, head_q;
+    bool predicate;
+  };
+
+  // The consumers' steps. Without a mask in memory they count them as the
+  // producer does. With one, only the producer walks the tile kinds: it
+  // writes each stage's step (StepNote) into shared memory before that
+  // stage's Q arrival (a release; the consumers' wait acquires it) and ends
+  // the key tile with a stage that loads nothing. Each consumer walking the
+  // kinds itself held a cursor and a mask view through each step (~22
+  // instructions a step and warp, RESULTS.md v24; v27).
+  template <class Masks>
+  struct ConsumerSteps {
+    static constexpr bool kNotes = mask::kReadsMemory<Policy>;
+    BwdSteps const& steps;
+    Masks const& masks;
+    int batch, n_block;
+    int i = 0;
+
+    // The next step into `step`, its Q stage waited for where notes are read;
+    // false at the key tile's end (its empty stage consumed).
+    CUTE_DEVICE bool take(SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do, PipelineState& read,
+                          Step& step) {
+      if constexpr (kNotes) {
+        pipeline_q.consumer_wait(read);
+        const StepNote note = shared.notes[read.index()];
+        if (note.m_block < 0) {
+          pipeline_do.consumer_wait(read);
+          pipeline_q.consumer_release(read);
+          pipeline_do.consumer_release(read);
+          ++read;
+          return false;
+        }
+        step = {note.m_block, note.head_q, note.predicate != 0};
+      } else {
+        if (i >= steps.count) return false;
+        const auto at = steps.at(i++);
+        step = {at.m_block, at.head_q, masks.mask(batch, at.head_q).needs_predicate(at.m_block, n_block)};
+      }
+      return true;
+    }
+  };
+
+  // Producer: one warp, whose lane 0 (the pipelines' leader) issues the
+  // loads. unit: this CTA's how-many-th key tile (phase of kv_full).
   // masks: anything with mask(batch, head_q) -> Mask (the kernel's params).
   template <class Masks>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do,
@@ -147,17 +193,21 @@ struct BwdMainloop {
     using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
     using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
 
+    const bool issues = threadIdx.x == 0;
     // K and V of the previous key tile stay until every consumer is done.
     if (unit > 0) shared.kv_free.wait((unit - 1) & 1);
     Tensor gK = local_tile(mK(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
     Tensor gV = local_tile(mV(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
     auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    shared.kv_full.arrive_and_expect_tx(2 * Traits::kKVBytes);
-    copy(p.tma_k.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tKgK, tKsK);
-    copy(p.tma_v.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tVgV, tVsV);
+    if (issues) {
+      shared.kv_full.arrive_and_expect_tx(2 * Traits::kKVBytes);
+      copy(p.tma_k.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tKgK, tKsK);
+      copy(p.tma_v.with(reinterpret_cast<uint64_t&>(shared.kv_full)), tVgV, tVsV);
+    }
 
-    StepCursor<Masks, false> cursor(steps, masks, batch, n_block);
+    StepCursor<Masks> cursor(steps, masks, batch, n_block);
+    constexpr bool kNotes = ConsumerSteps<Masks>::kNotes;
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       Tensor gQ = local_tile(mQ(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
@@ -167,14 +217,36 @@ struct BwdMainloop {
           tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
       const int64_t stat = stat_offset(p, batch, step.head_q, step.m_block);
 
-      pipeline_q.producer_acquire(write);
-      uint64_t* q_bar = pipeline_q.producer_get_barrier(write);
-      copy(p.tma_q.with(*q_bar), tQgQ, tQsQ(_, write.index()));
-      SM90_BULK_COPY_G2S::copy(p.lse_log2 + stat, q_bar, shared.lse[write.index()], Traits::kStatBytes);
+      if constexpr (kNotes) {
+        const bool partial = cursor.partial(masks.mask(batch, step.head_q), i);
+        shared.pipeline_q.empty_barrier_[write.index()].wait(write.phase());
+        if (issues) shared.notes[write.index()] = {step.m_block, step.head_q, int(partial)};
+        pipeline_q.producer_acquire(write, {cutlass::BarrierStatus::WaitDone});
+      } else {
+        pipeline_q.producer_acquire(write);
+      }
+      if (issues) {
+        uint64_t* q_bar = pipeline_q.producer_get_barrier(write);
+        copy(p.tma_q.with(*q_bar), tQgQ, tQsQ(_, write.index()));
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + stat, q_bar, shared.lse[write.index()], Traits::kStatBytes);
+      }
       pipeline_do.producer_acquire(write);
-      uint64_t* do_bar = pipeline_do.producer_get_barrier(write);
-      copy(p.tma_do.with(*do_bar), tdOgdO, tdOsdO(_, write.index()));
-      SM90_BULK_COPY_G2S::copy(p.dsum + stat, do_bar, shared.dsum[write.index()], Traits::kStatBytes);
+      if (issues) {
+        uint64_t* do_bar = pipeline_do.producer_get_barrier(write);
+        copy(p.tma_do.with(*do_bar), tdOgdO, tdOsdO(_, write.index()));
+        SM90_BULK_COPY_G2S::copy(p.dsum + stat, do_bar, shared.dsum[write.index()], Traits::kStatBytes);
+      }
+      ++write;
+    }
+    if constexpr (kNotes) {  // the key tile's end: a stage of both pipelines with no loads
+      const int stage = write.index();
+      shared.pipeline_q.empty_barrier_[stage].wait(write.phase());
+      shared.pipeline_do.empty_barrier_[stage].wait(write.phase());
+      if (issues) {
+        shared.notes[stage] = {-1, 0, 0};
+        shared.pipeline_q.full_barrier_[stage].arrive();
+        shared.pipeline_do.full_barrier_[stage].arrive();
+      }
       ++write;
     }
   }
@@ -318,13 +390,11 @@ struct BwdMainloop {
     // dS^T to shared memory by stmatrix (8 x 8 tiles, queries contiguous): an
     // element-wise copy through the swizzled pointer became 16 generic stores
     // a step with a 64-bit address each; 4 stmatrix took the backward 2-11%
-    // faster at head dims 64-128. Not where a mask is read: that kernel then
-    // spilled 40 bytes in its mixed-tile path and ran 1-3% slower
-    // (benchmarks/RESULTS.md v24), so it stores element-wise.
+    // faster at head dims 64-128 (benchmarks/RESULTS.md v24), and the kernel
+    // that reads a mask 4% once its consumers held no step cursor (v27).
     auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto thr_store_ds = store_ds.get_thread_slice(wg_thread);
     Tensor tdSsdS = thr_store_ds.partition_D(sdSt);
-    Tensor tdSsdS_each = thr_sdp.partition_C(sdSt);
     // (key, query) of each S^T element, within this warpgroup's 64 keys.
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Int<kBlockM>>{}));
     Tensor coord = make_tensor(tScS.data(), acc_rowcol_layout(tScS.layout()));
@@ -333,16 +403,15 @@ struct BwdMainloop {
     constexpr int kConsumers = Traits::kConsumerThreads;
 
     shared.kv_full.wait(unit & 1);
-    StepCursor<Masks, true> cursor(steps, masks, batch, n_block);
-    for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
-      const auto step = steps.at(i);
-      const auto& mask = masks.mask(batch, step.head_q);
+    ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
+    Step step;
+    while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       scores_and_grads<kBlockM>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
-                                acc_dp, coord, mask, cursor.needs_predicate(mask, i, step.m_block), step.m_block,
+                                acc_dp, coord, masks.mask(batch, step.head_q), step.predicate, step.m_block,
                                 n_block, 0, warpgroup * 64);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
@@ -353,11 +422,7 @@ struct BwdMainloop {
       wgmma<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
 
       // dS^T into shared memory for dQ, while dV and dK run.
-      if constexpr (mask::kReadsMemory<Policy>) {
-        copy(ds_regs, tdSsdS_each);
-      } else {
-        copy(store_ds, thr_store_ds.retile_S(ds_regs), tdSsdS);
-      }
+      copy(store_ds, thr_store_ds.retile_S(ds_regs), tdSsdS);
       cutlass::arch::fence_view_async_shared();
       // The previous step's reduction has read the dQ buffer before anyone
       // writes it again; in the deterministic mode it has also landed.
@@ -455,16 +520,15 @@ struct BwdMainloop {
 
     int done = 0;  // steps computed: P^T and dS^T alternate buffers
     shared.kv_full.wait(unit & 1);
-    StepCursor<Masks, true> cursor(steps, masks, batch, n_block);
-    for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
-      const auto step = steps.at(i);
-      const auto& mask = masks.mask(batch, step.head_q);
+    ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
+    Step step;
+    while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
       scores_and_grads<kQueries>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
-                                 acc_dp, coord, mask, cursor.needs_predicate(mask, i, step.m_block), step.m_block,
+                                 acc_dp, coord, masks.mask(batch, step.head_q), step.predicate, step.m_block,
                                  n_block, warpgroup * kQueries, 0);
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor ds_regs = convert_fragment<Element>(acc_dp);
