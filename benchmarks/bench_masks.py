@@ -5,7 +5,7 @@
     python benchmarks/bench_masks.py --profile             # ours' kernels per call, the pre-pass apart
     python benchmarks/bench_masks.py --profile --plain     # and those of the same call unmasked
 
-bf16, E = 128, 16 heads, q/k/v as (B, L, H, E).transpose(1, 2); a boolean
+bf16, E = 128 and 16 heads (--head-dim E: 2048 / E heads), q/k/v as (B, L, H, E).transpose(1, 2); a boolean
 attn_mask (True = take part) as Hugging Face models pass it:
   keep-all   (B, 1, 1, S) padding mask with every key valid, B 4, L 4K
   padding    (B, 1, 1, S), batch row i valid up to 100%, 85%, 70%, 55% of S
@@ -154,6 +154,7 @@ def profile(args):
 
 
 def main(argv=None):
+    global E, HEADS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--masks", default=",".join(MASKS))
     p.add_argument("--modes", default="fwd,fwdbwd")
@@ -163,7 +164,9 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true",
                    help="instead of the table, ours' kernels per call (the mask pre-pass apart), torch.profiler")
     p.add_argument("--plain", action="store_true", help="with --profile: ours-plain's kernels too")
+    p.add_argument("--head-dim", type=int, default=E, help="E; the heads become 2048 / E (hidden 2048)")
     args = p.parse_args(argv)
+    E, HEADS = args.head_dim, 2048 // args.head_dim
     if not torch.cuda.is_available():
         sys.exit("bench_masks.py needs a CUDA GPU")
     import torch_flash_backend as tfb
