@@ -1,9 +1,10 @@
 // The backward's main loop, in its two roles, for one key tile of one kv head.
 //
-// load(): one producer thread loads K and V once, then streams each step's Q
-// with its rows' lse, and dO with its rows' rowsum(dO * O), through a
-// kStages-deep ring (TMA for the tiles, a bulk copy for the row statistics,
-// both completing on the stage's mbarrier).
+// load(): the producer warp (its lane 0 issuing) loads K and V once, then
+// streams each step's Q with its rows' lse, and dO with its rows' rowsum(dO *
+// O), through a kStages-deep ring (TMA for the tiles, a bulk copy for the row
+// statistics, both completing on the stage's mbarrier); with a mask in memory
+// it also tells the consumers each stage's step (ConsumerSteps).
 //
 // compute(): each consumer warpgroup, per step (one query tile of one query
 // head), computes S^T and dP^T for its 64 keys, P^T = exp2(S^T scale - lse)
@@ -308,7 +309,7 @@ struct BwdMainloop {
 
   // One step's S^T = K Q^T and dP^T = V dO^T, each issued once its stage has
   // landed, then P^T and dS^T in their place (softmax_grad). A mask in
-  // memory's bits load first: their latency overlaps the waits and the MMAs.
+  // memory's bits load first: their latency overlaps dO's wait and the MMAs.
   // kQueries: the slice's queries (coord's second extent).
   template <int kQueries, class Mma, class FragKV, class FragQ, class Acc, class Coord>
   CUTE_DEVICE static void scores_and_grads(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
