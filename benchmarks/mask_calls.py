@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from bench_masks import CAUSAL, E, HEADS, MASKS, make_mask, runner
+from bench_masks import E, HEADS, MASKS, make_mask, runner
 from bench_sdpa import make_inputs
 
 
@@ -22,8 +22,8 @@ def main():
     args = parser.parse_args()
     b, length = MASKS[args.mask]
     q, k, v = make_inputs(b, HEADS, length, E, torch.bfloat16, args.mode == "fwdbwd")
-    run = runner("ours-plain" if args.plain else "ours", q, k, v, make_mask(args.mask, b, length),
-                 args.mask in CAUSAL, args.mode)
+    run = runner("ours-plain" if args.plain else "ours", q, k, v, make_mask(args.mask, b, length), args.mask,
+                 args.mode)
     for _ in range(args.calls):
         run()
     torch.cuda.synchronize()
