@@ -125,10 +125,11 @@ def main(argv=None):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental._attention import _cp_options
 
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    # The rank's GPU before the group: NCCL's barrier otherwise guesses it (and warns).
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cuda", (world,))
     # Head-tail load balancing is PyTorch's default for causal attention and refused without it.
     _cp_options.enable_load_balance = args.causal
