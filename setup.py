@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 
 import torch
 from setuptools import setup
@@ -71,16 +72,28 @@ def _instantiations(family, head_dims):
     return [os.path.join("src", f) for f in registry.instantiation_files(family, head_dims)]
 
 
+def _progress_stream():
+    """Where build progress goes: the terminal when there is one, because pip
+    without -v swallows a build's output and shows only "still running...";
+    else stderr (pip -v, CI logs)."""
+    try:
+        return open("/dev/tty", "w")
+    except OSError:
+        return sys.stderr
+
+
 class _Progress:
-    """Prints a line per compiled source while ninja runs (pip shows them with
-    -v): the build's ninja logs gain a line per finished object. ninja may
-    rewrite a log (it compacts old entries when a build starts), so lines are
-    told apart by content, not by offset."""
+    """Prints a line per compiled source while ninja runs: the build's ninja
+    logs gain a line per finished object. ninja may rewrite a log (it compacts
+    old entries when a build starts), so lines are told apart by content, not
+    by offset."""
 
     def __init__(self, build_dirs, total):
         self.logs = [os.path.join(d, ".ninja_log") for d in build_dirs]
         self.seen = {log: set(self._lines(log)) for log in self.logs}
         self.total, self.done = total, 0
+        self.start = time.monotonic()
+        self.out = _progress_stream()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -99,6 +112,8 @@ class _Progress:
         self.stop.set()
         self.thread.join()
         self._poll()
+        minutes = (time.monotonic() - self.start) / 60
+        print(f"torch_flash_backend: compiled {self.done} sources in {minutes:.1f} min", file=self.out, flush=True)
 
     def _run(self):
         while not self.stop.wait(2.0):
@@ -116,7 +131,7 @@ class _Progress:
                 self.done += 1
                 seconds = (int(fields[1]) - int(fields[0])) / 1000
                 name = os.path.relpath(fields[3], os.path.join(ROOT, "build", "temp"))
-                print(f"torch_flash_backend: [{self.done}/{self.total}] {name} ({seconds:.0f} s)", file=sys.stderr,
+                print(f"torch_flash_backend: [{self.done}/{self.total}] {name} ({seconds:.0f} s)", file=self.out,
                       flush=True)
 
 
@@ -141,8 +156,7 @@ class BuildLibrary(BuildExtension):
     def _build_extension(self, ext, family_sources):
         for fam, sources in family_sources.items():
             args = dict(ext.extra_compile_args)
-            args["nvcc"] = ([f for f in args["nvcc"] if f not in BASE_FAMILY.nvcc_arch] + list(fam.nvcc_arch)
-                            + list(fam.nvcc_defines))
+            args["nvcc"] = [f for f in args["nvcc"] if f not in BASE_FAMILY.nvcc_arch] + list(fam.nvcc_arch)
             # A directory of their own: torch writes one build.ninja per output directory.
             ext.extra_objects = ext.extra_objects + self.compiler.compile(
                 sources, output_dir=os.path.join(self.build_temp, fam.name), macros=ext.define_macros,
@@ -156,6 +170,21 @@ class BuildLibrary(BuildExtension):
     def copy_extensions_to_source(self):
         os.makedirs(os.path.join(ROOT, "torch_flash_backend", "lib"), exist_ok=True)
         super().copy_extensions_to_source()
+
+
+def _write_build_record(with_cuda: bool) -> list[str]:
+    """Records the torch this library is built against, which the package
+    checks before loading it (an op library loaded beside another torch release
+    fails in ways nobody can read), and returns the wheel's requirement on it."""
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    cuda = torch.version.cuda if with_cuda else None
+    text = ('"""Written by setup.py: the torch this build of the op library is for."""\n'
+            f"TORCH = {torch.__version__!r}\nCUDA = {cuda!r}\n")
+    path = os.path.join(ROOT, "torch_flash_backend", "_built_for.py")
+    if not os.path.exists(path) or open(path).read() != text:
+        with open(path, "w") as f:
+            f.write(text)
+    return [f"torch=={release}.*"]
 
 
 def extension():
@@ -181,14 +210,16 @@ def extension():
     if with_sm90:
         defines.append("-DTFB_WITH_SM90")
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
-    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu"))) + _instantiations(BASE_FAMILY, head_dims)
+    sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu")))
+    # The costliest first (ninja starts jobs in this order): the build then ends on short jobs.
+    sources = _instantiations(BASE_FAMILY, head_dims) + sources
     nvcc = [
         "-O3", "-std=c++17", "-DNDEBUG",
         "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
         "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-Xfatbin", "-compress-all",
-    ] + list(BASE_FAMILY.nvcc_arch) + list(BASE_FAMILY.nvcc_defines) + defines
+    ] + list(BASE_FAMILY.nvcc_arch) + defines
     if os.environ.get("TFB_PTXAS_VERBOSE"):
         nvcc += ["-Xptxas", "-v"]
     print(
@@ -221,4 +252,5 @@ class Wheel(bdist_wheel):
         return "py3", "none", super().get_tag()[2]
 
 
-setup(ext_modules=[extension()], cmdclass={"build_ext": BuildLibrary, "bdist_wheel": Wheel})
+setup(ext_modules=[extension()], install_requires=_write_build_record(_cuda_build_reason() is None),
+      cmdclass={"build_ext": BuildLibrary, "bdist_wheel": Wheel})

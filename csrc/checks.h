@@ -74,7 +74,7 @@ inline void check_bwd_extra(const at::Tensor& grad_out, const at::Tensor& out, c
 // = take part) or additive (added to the scaled scores; -inf hides) in q's
 // dtype or float32, returned as that 4-D view: expanded, never copied, stride 0
 // where it broadcasts. Undefined when there is no mask. An additive mask needs
-// |scale| >= 1e-30: the kernels add value / scale to the unscaled scores.
+// |scale| >= kAdditiveMinScale: the kernels add value / scale to the unscaled scores.
 inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const at::Tensor& q, const AttnShape& s,
                              double scale) {
   if (!attn_mask.has_value() || !attn_mask->defined()) return {};
@@ -84,7 +84,7 @@ inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const a
               "attn_mask must be a bool tensor (True = take part) or an additive mask in q's dtype (",
               q.scalar_type(), ") or float32, got ", m.scalar_type());
   TORCH_CHECK(!additive || std::abs(scale) >= tfb::mask::kAdditiveMinScale,
-              "an additive attn_mask needs |scale| >= 1e-30, got scale=", scale);
+              "an additive attn_mask needs |scale| >= ", tfb::mask::kAdditiveMinScale, ", got scale=", scale);
   TORCH_CHECK(m.device() == q.device(), "attn_mask is on ", m.device(), " but q is on ", q.device());
   TORCH_CHECK(m.layout() == at::kStrided && !m.is_nested(), "attn_mask must be a strided tensor");
   const std::array<int64_t, 4> full{s.batch, s.heads_q, s.len_q, s.len_k};

@@ -5,11 +5,16 @@
 // its (B, H, L, E) view, the layout FlashAttention-style kernels write fastest
 // and the one Hugging Face models transpose back into without a copy. lse is a
 // contiguous (B, H, L) float32 tensor. The fake kernels return the same strides.
+#include <iomanip>
+#include <sstream>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include <torch/library.h>
 
+#include "common/constants.h"
+#include "common/mask_values.h"
 #include "kernel_list.h"
 #ifdef TFB_WITH_CUDA
 #include "cuda/families.h"
@@ -27,6 +32,23 @@ std::vector<std::string> kernel_families() {
                   " additive_masks=" additive_masks " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
+  return lines;
+}
+
+// The numbers the Python package needs from the kernels' side, "name=value"
+// with every digit a double has: read, never restated (one place per rule).
+std::vector<std::string> constants() {
+  const std::pair<const char*, double> values[] = {
+      {"log2e", tfb::kLog2e},
+      {"additive_limit", tfb::mask::kAdditiveLimit},
+      {"additive_min_scale", tfb::mask::kAdditiveMinScale},
+  };
+  std::vector<std::string> lines;
+  for (const auto& [name, value] : values) {
+    std::ostringstream line;
+    line << name << '=' << std::setprecision(17) << value;
+    lines.push_back(line.str());
+  }
   return lines;
 }
 
@@ -77,4 +99,6 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   m.def("built_kernels() -> str[]", &built_kernels);
   // The registry's families and their limits, whatever was built.
   m.def("kernel_families() -> str[]", &kernel_families);
+  // The kernels' constants the Python side reads (log2e, the additive mask's limits).
+  m.def("constants() -> str[]", &constants);
 }

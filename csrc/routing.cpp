@@ -30,6 +30,7 @@
 #include <torch/library.h>
 
 #include "common/mask_values.h"
+#include "kernel_list.h"
 
 namespace tfb {
 namespace {
@@ -170,7 +171,7 @@ std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Te
       key.t[i].sizes[d] = t.size(d);
       key.t[i].strides[d] = t.stride(d);
     }
-    const int64_t vec = std::max<int64_t>(1, 16 / static_cast<int64_t>(t.element_size()));
+    const int64_t vec = std::max<int64_t>(1, TFB_ALIGN_BYTES_MAX / static_cast<int64_t>(t.element_size()));
     key.t[i].offset_class = t.storage_offset() % vec;
   }
   const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());

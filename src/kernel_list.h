@@ -21,6 +21,12 @@
 #define TFB_SM80_BWD_HEAD_DIMS 32, 64, 96, 128, 192, 256
 #define TFB_HEAD_DIMS_ALL 32, 64, 96, 128, 192, 256
 
+// The boundary each family's inputs start on (registry align_bytes), and the largest.
+#define TFB_DECODE_ALIGN_BYTES 16
+#define TFB_SM90_ALIGN_BYTES 16
+#define TFB_SM80_ALIGN_BYTES 16
+#define TFB_ALIGN_BYTES_MAX 16
+
 namespace tfb {
 
 // Whether this build compiled head dim d (for the families that have it).

@@ -23,7 +23,6 @@ class Family:
     max_cc: int
     nvcc_arch: tuple[str, ...]     # setup.py's -gencode flags for the family's sources
     cmake_archs: str               # the same as CMake CUDA_ARCHITECTURES
-    nvcc_defines: tuple[str, ...]  # extra -D flags for the family's sources
     stride0_ok: bool               # reads inputs broadcast with stride 0 (expand)
     align_bytes: int               # every row of every input starts on this boundary
     doc: str
@@ -37,6 +36,12 @@ class Family:
     additive_masks: tuple[str, ...] | None = None
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # (pass, head dim) instantiations whose tiles need a wgmma width that CuTe
+    # names only under CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (any multiple of 8
+    # outside 8, 16, 32, 64, 96, 128, 192, 256). Their files alone define it:
+    # the extra atoms are ~150K lines that cost every file including them ~38 s
+    # of front end (cudafe++ and cicc each parse them).
+    wide_mma: tuple[tuple[str, int], ...] = ()
 
     def dims(self, pass_: str) -> tuple[int, ...]:
         """The head dims of one pass."""
@@ -56,7 +61,7 @@ FAMILIES = (
         # overlap it (launch_fwd.h).
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
                    "-gencode=arch=compute_90,code=compute_90"),
-        cmake_archs="80-real;90-real;90-virtual", nvcc_defines=(),
+        cmake_archs="80-real;90-real;90-virtual",
         stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",),
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
@@ -64,9 +69,8 @@ FAMILIES = (
         name="sm90", passes=("fwd", "bwd"), head_dims=(64, 96, 128, 192, 256), min_cc=90, max_cc=90,
         # wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip.
         nvcc_arch=("-gencode=arch=compute_90a,code=sm_90a",), cmake_archs="90a-real",
-        # CuTe names wgmma tiles whose N is not 8, 16, 32, 64, 96, 128, 192 or 256
-        # only under this flag; without it a 176-key tile becomes eleven 16-wide wgmmas.
-        nvcc_defines=("-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",),
+        # Head dim 256's forward takes 80-key tiles (kernel_traits_fwd.h).
+        wide_mma=(("fwd", 256),),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
         stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",),
@@ -76,7 +80,7 @@ FAMILIES = (
         name="sm80", passes=("fwd", "bwd"), head_dims=(32, 64, 96, 128, 192, 256), min_cc=80, max_cc=0,
         # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
-        cmake_archs="80-real;80-virtual", nvcc_defines=(),
+        cmake_archs="80-real;80-virtual",
         stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"),
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
@@ -89,11 +93,15 @@ def family(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
 
 
-def instantiation_file(family_name: str, pass_: str, head_dim: int, dtype: str) -> str:
-    """Path under src/ of one instantiation."""
-    return f"{family_name}/instantiations/{pass_}_hdim{head_dim}_{dtype}_{family_name}.cu"
+def instantiation_file(family_name: str, pass_: str, head_dim: int) -> str:
+    """Path under src/ of one (family, pass, head dim)'s instantiations, every
+    dtype in one file: each file pays ~10 s of front end for CuTe's headers
+    (cudafe++ and cicc each parse them), which a file per dtype paid twice."""
+    return f"{family_name}/instantiations/{pass_}_hdim{head_dim}_{family_name}.cu"
 
 
 def instantiation_files(fam: Family, head_dims=None) -> list[str]:
-    return [instantiation_file(fam.name, p, d, t) for p in fam.passes for d in fam.dims(p)
-            if head_dims is None or d in head_dims for t in DTYPES]
+    """The family's files, the costliest first (backward before forward, larger
+    head dims first), so that a build's last jobs are short ones."""
+    keys = [(p != "bwd", -d, p, d) for p in fam.passes for d in fam.dims(p) if head_dims is None or d in head_dims]
+    return [instantiation_file(fam.name, p, d) for *_, p, d in sorted(keys)]

@@ -10,6 +10,7 @@
 torch.nn.attention.activate_flash_attention_impl("torch_flash_backend") makes our
 kernels replace PyTorch's flash kernels process-wide instead.
 """
+from . import _library  # noqa: F401  (first: checks the installed torch, then loads the op library)
 from . import _provider  # noqa: F401  (registers the provider with torch.nn.attention)
 from ._enable import UnsupportedError, enable, explain
 from ._library import built_kernels

@@ -1,14 +1,13 @@
 """Argument checks, each rule once: the ops' inputs (shared by the fake kernels
 and the public function), the SDPA arguments every backend rejects, and the
-layout rule of the kernels' 16-byte vector loads."""
+layout rule of the kernels' vector loads (the registry's align_bytes)."""
 import math
 
 import torch
 
+from ._library import align_bytes, constant
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# The kernels move 16-byte vectors (and the sm90 forward's TMA descriptors ask
-# the same): every row must start on a 16-byte boundary.
-VECTOR_BYTES = 16
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) -> None:
@@ -49,8 +48,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) 
             raise ValueError(f"scale must be finite, got {scale!r}")
 
 
-# src/common/mask_values.h kAdditiveMinScale.
-ADDITIVE_MIN_SCALE = 1e-30
+# src/common/mask_values.h kAdditiveMinScale, read from the library.
+ADDITIVE_MIN_SCALE = constant("additive_min_scale")
 
 
 def mask_dtype_problem(attn_mask: torch.Tensor, q: torch.Tensor, scale=None) -> str | None:
@@ -62,7 +61,7 @@ def mask_dtype_problem(attn_mask: torch.Tensor, q: torch.Tensor, scale=None) -> 
         return (f"attn_mask must be a bool tensor (True = take part) or an additive mask in q's dtype ({q.dtype}) "
                 f"or float32, got {attn_mask.dtype}")
     if attn_mask.dtype != torch.bool and isinstance(scale, (int, float)) and abs(scale) < ADDITIVE_MIN_SCALE:
-        return f"an additive attn_mask needs |scale| >= 1e-30, got scale={scale!r}"
+        return f"an additive attn_mask needs |scale| >= {ADDITIVE_MIN_SCALE:g}, got scale={scale!r}"
     return None
 
 
@@ -120,20 +119,21 @@ def check_sdpa_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
                                  f"query's ({hq})")
 
 
-def misaligned(name: str, t: torch.Tensor) -> str | None:
-    """Why a (B, H, L, E) tensor breaks the vector rule, or None: a contiguous
-    last dim, and every stride along a dim of size > 1 and the storage offset
-    multiples of a 16-byte vector. A metadata read (FakeTensors pass too)."""
-    vec = max(1, VECTOR_BYTES // t.element_size())
+def misaligned(name: str, t: torch.Tensor, family: str | None = None) -> str | None:
+    """Why a (B, H, L, E) tensor breaks the vector rule of the named family's
+    kernels (None: of every family), or None: a contiguous last dim, and every
+    stride along a dim of size > 1 and the storage offset multiples of the
+    family's align_bytes. A metadata read (FakeTensors pass too)."""
+    bytes_ = align_bytes(family)
+    vec = max(1, bytes_ // t.element_size())
     shape, stride = t.shape, t.stride()
     if stride[3] != 1 and shape[3] > 1:
         return f"{name} is not contiguous in its last dim (strides {tuple(stride)})"
     for d in range(3):
         if shape[d] > 1 and stride[d] % vec != 0:
-            return f"{name} stride({d}) = {stride[d]} is not a multiple of {vec} elements ({VECTOR_BYTES} bytes)"
+            return f"{name} stride({d}) = {stride[d]} is not a multiple of {vec} elements ({bytes_} bytes)"
     if t.storage_offset() % vec != 0:
-        return (f"{name} storage offset {t.storage_offset()} is not a multiple of {vec} elements "
-                f"({VECTOR_BYTES} bytes)")
+        return f"{name} storage offset {t.storage_offset()} is not a multiple of {vec} elements ({bytes_} bytes)"
     return None
 
 

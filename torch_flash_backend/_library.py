@@ -4,11 +4,45 @@ import os
 import torch
 
 LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtorch_flash_backend.so")
+REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps <source tree>"
+
+
+def release(version: str) -> str:
+    """A torch version's release, "2.11.0+cu130" -> "2.11": releases differ in their C++ ABI."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def torch_mismatch(built_torch: str, built_cuda: str | None, torch_version: str, torch_cuda: str | None) -> str | None:
+    """Why a library built against torch built_torch (CUDA built_cuda, None for a
+    CPU-only build) cannot load beside torch torch_version (CUDA torch_cuda), or
+    None when it can."""
+    built = f"torch {built_torch}" + (f" (CUDA {built_cuda})" if built_cuda else "")
+    found = f"torch {torch_version}" + (f" (CUDA {torch_cuda})" if torch_cuda else " (no CUDA)")
+    if release(built_torch) != release(torch_version):
+        problem = f"it was built for torch {release(built_torch)}.* ({built_torch}), and {found} is installed"
+    elif built_cuda and (torch_cuda or "").split(".")[0] != built_cuda.split(".")[0]:
+        problem = f"it was built for {built}, and {found} is installed"
+    else:
+        return None
+    return (f"torch_flash_backend cannot load: {problem}. Install torch=={release(built_torch)}.* "
+            f"(pip install 'torch=={release(built_torch)}.*'), or rebuild this package against the installed torch "
+            f"({REBUILD}).")
+
+
+def _check_torch() -> None:
+    try:
+        from . import _built_for  # written by setup.py next to the library
+    except ImportError:
+        return  # a library without the record (built by CMake, loaded by a C++ host): load_library decides
+    why = torch_mismatch(_built_for.TORCH, _built_for.CUDA, torch.__version__, torch.version.cuda)
+    if why:
+        raise ImportError(why)
 
 
 def _load() -> None:
     if hasattr(torch.ops.torch_flash_backend, "fwd"):
         return  # already registered, e.g. by a C++ host that loaded the same file
+    _check_torch()
     if not os.path.exists(LIB_PATH):
         raise ImportError(
             f"torch_flash_backend: the op library {LIB_PATH} is missing. Build it from the source "
@@ -81,6 +115,24 @@ class Kernel(str):
 # the first routed call could not record.
 _FAMILY_LIMITS = dict(line.split(" ", 1) for line in torch.ops.torch_flash_backend.kernel_families())
 _BUILT_KERNELS = frozenset(Kernel.parse(line) for line in torch.ops.torch_flash_backend.built_kernels())
+_CONSTANTS = {name: float(value) for name, value in (line.split("=", 1)
+                                                      for line in torch.ops.torch_flash_backend.constants())}
+
+
+def constant(name: str) -> float:
+    """A number the kernels define (src/common/constants.h, mask_values.h), as the
+    library reports it: "log2e", "additive_limit", "additive_min_scale"."""
+    return _CONSTANTS[name]
+
+
+def align_bytes(family: str | None = None) -> int:
+    """The boundary every input row of the named family's kernels starts on
+    (the registry's align_bytes); None: the largest any family asks."""
+    def of(limits):
+        return int(dict(f.split("=", 1) for f in limits.split())["align_bytes"])
+    if family is None or family not in _FAMILY_LIMITS:
+        return max(of(limits) for limits in _FAMILY_LIMITS.values())
+    return of(_FAMILY_LIMITS[family])
 
 
 def family_limits() -> dict[str, str]:

@@ -16,8 +16,8 @@ import threading
 import torch
 
 from . import _checks
-from ._checks import VECTOR_BYTES, check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
-from ._library import built_kernel_set, family_limits
+from ._checks import check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
+from ._library import align_bytes, built_kernel_set, family_limits
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
 # can; the tiled forwards would leave most of the GPU idle, and PyTorch's SDPA
@@ -26,19 +26,20 @@ MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
-# Measured on an H100 and an H200 (benchmarks/RESULTS.md, v19), the decode family beats
+# Measured on an H100 and an H200 (benchmarks/RESULTS.md, "Decode"), the decode family beats
 # PyTorch's SDPA from two query tokens up (1.8-9x at four) but not on one (0.74-0.97x):
 # enable() leaves single tokens to PyTorch (the default of
-# probe.route_single_tokens), with a boolean mask too (v16: cuDNN reads a fully
-# used cache's mask 5-12% faster). flash_attn and the ops (family="decode" or None) run it.
+# probe.route_single_tokens), with a boolean mask too (cuDNN reads a fully used
+# cache's mask 5-12% faster: benchmarks/history/2026-11-v9-v27.md, v16).
+# flash_attn and the ops (family="decode" or None) run it.
 ROUTE_SINGLE_TOKENS = False
 # The decode family serves up to its registry max_rows query rows per kv head,
 # a CTA per 16-row tile, each reading the keys again (from L2 at best); up to
 # eight tiles it beats PyTorch's SDPA at batch 1 to 64 (1.04-4.2x, level at
-# B 64, S 1K; RESULTS.md v19), so enable() sends it at most this many.
+# B 64, S 1K; benchmarks/RESULTS.md, "Decode"), so enable() sends it at most this many.
 ROUTE_MAX_DECODE_ROWS = 128
 DECODE_SLOWER_REASON = ("one query token: the decode kernel is slower than PyTorch's SDPA there "
-                        "(benchmarks/RESULTS.md v19); PyTorch's SDPA serves it")
+                        "(benchmarks/RESULTS.md, \"Decode\"); PyTorch's SDPA serves it")
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
@@ -199,6 +200,8 @@ def _families(capability: tuple[int, int]) -> tuple[str, ...]:
 
 _decisions: dict = {}
 _DECISIONS_MAX = 4096
+# A storage offset is part of the key modulo the largest alignment a family asks.
+_ALIGN_BYTES = align_bytes()
 
 
 def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right):
@@ -211,7 +214,7 @@ def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_gr
         return None
     if type(is_causal) is not bool or type(enable_gqa) is not bool:
         return None
-    meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, VECTOR_BYTES // t.element_size()), t.dtype,
+    meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, _ALIGN_BYTES // t.element_size()), t.dtype,
                   t.device) for t in (q, k, v))
     return (meta, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, probe.generation,
             os.environ.get(FAMILIES_ENV, ""))
@@ -303,9 +306,10 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
     for name, t in (("q", q), ("k", k), ("v", v)):
-        bad = misaligned(name, t)
-        if bad is not None:
-            return _fallback(bad)
+        for family in {decision.family, decision.backward_family} - {None, "cpu"} or {None}:
+            bad = misaligned(name, t, family)
+            if bad is not None:
+                return _fallback(bad)
     return decision
 
 
@@ -379,7 +383,7 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     "bool" or "additive" for an attn_mask, which only the passes whose records
     read that kind serve (Kernel.reads_mask; single tokens
     follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
-    fully used cache's mask faster; RESULTS.md v16)."""
+    fully used cache's mask faster; benchmarks/history/2026-11-v9-v27.md, v16)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -428,7 +432,8 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         if fwd_kernels and rows > ROUTE_MAX_DECODE_ROWS:
             return _fallback(f"short query with {rows} query rows per KV head (group heads x query length): past "
                              f"{ROUTE_MAX_DECODE_ROWS} the decode kernel reads the keys once per 16 rows and is not measured "
-                             f"faster than PyTorch's SDPA (benchmarks/RESULTS.md v19); PyTorch's SDPA serves it")
+                             "faster than PyTorch's SDPA (benchmarks/RESULTS.md, \"Decode\"); "
+                             "PyTorch's SDPA serves it")
         if not fwd_kernels:
             if not decoders:
                 return _fallback(DECODE_REASON)

@@ -18,8 +18,8 @@ NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
 FLAGS="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr --use_fast_math -I$CUTLASS -I$ROOT/benchmarks"
 PTX="${PTX:--gencode=arch=compute_80,code=compute_80}"
 cd "$OUT"
-sources=(sm80/instantiations/fwd_hdim64_bf16_sm80.cu sm80/instantiations/fwd_hdim128_bf16_sm80.cu
-         sm80/instantiations/bwd_hdim128_bf16_sm80.cu sm80/bwd_workspace.cu)
+sources=(sm80/instantiations/fwd_hdim64_sm80.cu sm80/instantiations/fwd_hdim128_sm80.cu
+         sm80/instantiations/bwd_hdim128_sm80.cu sm80/bwd_workspace.cu)
 for side in head base; do
   src=$ROOT/src; renames=""
   [[ $side == base ]] && { src=$OUT/base/src; renames="-Dtfb=tfb_base"; }

@@ -28,7 +28,7 @@ for commit in ${BASE:-}; do
   [[ -f api_$sha.o ]] || $NVCC $FLAGS -I"$ROOT/src" -c api_$sha.cu -o api_$sha.o
 done
 for e in 64 128; do  # the reference the variants are checked against
-  [[ -f sm80_$e.o ]] || $NVCC $FLAGS -I"$ROOT/src" -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_bf16_sm80.cu" -o sm80_$e.o
+  [[ -f sm80_$e.o ]] || $NVCC $FLAGS -I"$ROOT/src" -c "$ROOT/src/sm80/instantiations/fwd_hdim${e}_sm80.cu" -o sm80_$e.o
 done
 $NVCC $FLAGS -I"$ROOT/src" -DTFB_WITH_SM90 -c "$ROOT/src/sm90/api_sm90.cu" -o api_sm90.o
 decls=""; table=""; objs=""

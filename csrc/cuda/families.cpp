@@ -15,6 +15,7 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 struct Limits {
   std::string_view family;
   int min_cc, max_cc;
+  int align_bytes;
   // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd additive_masks=fwd,bwd"
   const char* text;
   const char* masks;           // the passes that read a boolean attn_mask, comma-separated
@@ -23,7 +24,7 @@ struct Limits {
 constexpr Limits kLimits[] = {
 #define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, passes, \
                    head_dims)                                                                          \
-  {#family, min_cc, max_cc,                                                                             \
+  {#family, min_cc, max_cc, align_bytes,                                                                \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
    " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks,                            \
    masks, additive_masks},
@@ -118,7 +119,8 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
       TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
                   additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
       TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
-                  "expand(), or a stride or pointer that is not a multiple of 16 bytes)");
+                  "expand(), or a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
+                  " bytes)");
       return k;
     }
     TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);

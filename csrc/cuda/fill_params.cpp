@@ -6,6 +6,8 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include "common/constants.h"
+
 namespace tfb {
 namespace {
 
@@ -14,8 +16,7 @@ namespace {
 // would make -inf * 0 = NaN; at FLT_MIN every finite score scales to about 0,
 // so a zero scale still gives uniform attention.
 float scale_log2_of(float scale) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float x = scale * kLog2e;
+  const float x = scale * kLog2eFloat;
   return std::fabs(x) < FLT_MIN ? std::copysign(FLT_MIN, x) : x;
 }
 
@@ -73,7 +74,6 @@ void fill_mask(AttnFwdParams& p, const at::Tensor& mask) {
   p.mask.values_batch_stride = mask.stride(0) * bytes, p.mask.values_head_stride = mask.stride(1) * bytes;
   p.mask.values_row_stride = mask.stride(2) * bytes, p.mask.values_col_stride = mask.stride(3) * bytes;
   // The inverse of the scale the kernels apply (scale_log2 may be held off 0).
-  constexpr double kLog2e = 1.4426950408889634;
   p.mask.values_scale = static_cast<float>(kLog2e / p.scale_log2);
 }
 

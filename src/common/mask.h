@@ -126,7 +126,7 @@ enum class TileKind : uint8_t { kVisible = 0, kHidden = 1, kMixed = 2, kAdditive
 
 // kAdditive_: the mask may be additive (its kernels read kAdditive and
 // kFloored tiles); a boolean mask's kernels are compiled without that code,
-// which cost them 12-35% of their speed (benchmarks/RESULTS.md v22).
+// which cost them 12-35% of their speed (benchmarks/history/2026-11-v9-v27.md, v22).
 template <bool kAdditive_>
 struct FromMemoryOf {
   static constexpr bool kAdditive = kAdditive_;

@@ -9,12 +9,11 @@
 #include <cuda_runtime_api.h>
 
 #include "params.h"
+#include "common/constants.h"
 #include "common/grid.h"
 #include "common/workspace_bwd.h"
 
 namespace tfb {
-
-constexpr float kBwdLog2e = 1.4426950408889634f;
 
 template <typename Element, int kHeadDim>
 struct BwdPreprocess {
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
     if (chunk == 0) {
       const bool real = row < len_q;
       ws.dsum[stat0 + r] = real ? sum : 0.f;
-      ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kBwdLog2e : INFINITY;
+      ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kLog2eFloat : INFINITY;
     }
   }
 }

@@ -28,15 +28,13 @@
 #include <cuda_runtime_api.h>
 #include <cutlass/numeric_types.h>
 
+#include "common/constants.h"
 #include "common/mask.h"
 #include "common/mask_values.h"
 #include "decode/config.h"
 #include "params.h"
 
 namespace tfb::decode {
-
-constexpr float kLn2 = 0.69314718055994531f;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -46,7 +44,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // Through L1 (.ca): the L1 merges a warp's sixteen-byte pieces into whole-line
 // L2 requests, where the L1-bypassing .cg sent 2.6 times as many requests and
 // read half the bytes from L2 twice (ncu: 11.0M against 4.2M requests at
-// B 8, S 16K), 6% of the time at long caches (RESULTS.md v19). The zeros are
+// B 8, S 16K), 6% of the time at long caches (benchmarks/history/2026-11-v9-v27.md, v19). The zeros are
 // plain stores: the same lane writes the same chunk of a stage every tile, and
 // a stage is refilled only after its last copies landed.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
@@ -317,7 +315,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
               const int key = key0 + (j / 2) * 8 + pair + j % 2;
               if (my_mask_rows[h] != nullptr && key < split_end) {
                 const float v = value_of(my_mask_rows[h] + key * p.mask.values_col_stride);
-                bias[h][j] = mask::add_additive(0.f, v, kLog2e);
+                bias[h][j] = mask::add_additive(0.f, v, kLog2eFloat);
                 replaced |= uint32_t(mask::beyond_limit(v)) << (4 * h + j);
               }
             }
@@ -451,7 +449,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       p.split_kv.o_partial[row * kE + c] = value;
     }
     if (c == 0) {
-      const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2;
+      const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2Float;
       const int64_t row = (int64_t(batch) * p.heads_q + head_q) * p.len_q + position;
       if (splits.count == 1) {
         p.lse[row] = lse;

@@ -34,12 +34,15 @@ bool visit_bwd(DType dtype, int head_dim, Fn&& fn) {
 #endif
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+// The registry's align_bytes (16: TMA's address and stride rule).
+constexpr int kAlignBytes = TFB_SM90_ALIGN_BYTES;
 
-// TMA strides are in bytes and must be multiples of 16 (8 two-byte elements).
-// A dim of size 1 is never stepped along: the launcher replaces its stride.
-// Stride 0 (a broadcast made with expand) is left to sm80.
-bool stride_ok(int64_t stride, int size) { return size <= 1 || (stride > 0 && stride % 8 == 0); }
+bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; }
+
+// TMA strides are in bytes and must be multiples of kAlignBytes (in two-byte
+// elements, half that). A dim of size 1 is never stepped along: the launcher
+// replaces its stride. Stride 0 (a broadcast made with expand) is left to sm80.
+bool stride_ok(int64_t stride, int size) { return size <= 1 || (stride > 0 && stride % (kAlignBytes / 2) == 0); }
 
 bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row, int heads, int rows) {
   return stride_ok(batch, p.batch) && stride_ok(head, heads) && stride_ok(row, rows);
@@ -68,7 +71,7 @@ TileShape tile_bwd(DType dtype, int head_dim) {
 bool can_run_fwd(const AttnFwdParams& p) {
   // Uniform lengths only (kernel_fwd.h's FwdKernelParams).
   const bool per_batch_lengths = p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k;
-  return !per_batch_lengths && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.o) &&
+  return !per_batch_lengths && aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.o) &&
          strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q) &&
          strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k) &&
          strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k) &&
@@ -105,7 +108,7 @@ namespace sm90 {
 // host's checks already allow. It reads a boolean attn_mask, not an additive
 // one (the registry's additive_masks; sm80's backward serves those).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return can_run_fwd(p) && aligned16(p.dout) && (p.mask.values == nullptr || !mask::additive(p)) &&
+  return can_run_fwd(p) && aligned(p.dout) && (p.mask.values == nullptr || !mask::additive(p)) &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 

@@ -5,7 +5,7 @@
 // staged, in the same registers' layout; the tile then goes through shared
 // memory, so that dq's rows are written 16 bytes a thread (straight from the
 // fragments, 4-byte stores covering 16 bytes of 8 rows each, the kernel ran at
-// half the memory bandwidth: benchmarks/RESULTS.md v26).
+// half the memory bandwidth: benchmarks/history/2026-11-v9-v27.md, v26).
 #pragma once
 
 #include <cstdint>

@@ -137,6 +137,11 @@ struct BwdTraits {
   using MmadKV = decltype(make_tiled_mma(std::conditional_t<
       kSplitDim, decltype(GMMA::ss_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>()),
       decltype(GMMA::rs_op_selector<Element, Element, float, MmadKVShape, GMMA::Major::K, GMMA::Major::MN>())>{}));
+  // Each product one wgmma wide (split into narrower ones it runs at a fraction of
+  // the rate; CuTe names some widths only under registry.py's wide_mma).
+  static_assert(size<1>(typename MmaSdP::AtomShape_MNK{}) == kSdPQueries &&
+                    size<1>(typename MmadKV::AtomShape_MNK{}) == kDkvCols,
+                "a product is split into narrower wgmmas: list this (pass, head dim) in src/registry.py's wide_mma");
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);

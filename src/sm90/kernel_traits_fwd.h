@@ -73,9 +73,10 @@ struct FwdTraits {
   using MmaQK = decltype(make_tiled_mma(MmaQKAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
   // One wgmma must span the whole key tile: split into narrower ones it runs at a
   // fraction of the rate. CuTe names widths such as 80 or 176 only under
-  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which the build defines.
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which the instantiation files of
+  // registry.py's wide_mma define.
   static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
-                "no single wgmma spans kBlockN keys; build with -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
+                "no single wgmma spans kBlockN keys: list this (pass, head dim) in src/registry.py's wide_mma");
   // O += P V: P from registers, V from shared memory read along the key
   // (MN-major: V's rows are contiguous in the head dim).
   using MmaPV = decltype(make_tiled_mma(
@@ -149,8 +150,8 @@ struct FwdTraits {
                            GMMA::Major::MN>()));
 };
 
-// Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/RESULTS.md,
-// sm90). The two-stage K/V ring plus Q (and O, where it fits) must fit in
+// Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/history/2026-11-journal.md,
+// "sm90"). The two-stage K/V ring plus Q (and O, where it fits) must fit in
 // 227 KB. Wider key tiles (176 at head dim 128, 112 at 192) gain a few % at
 // 16K keys and lose more at 1-2K, where the last tile is mostly padding. Head
 // dim 256 takes 80-key tiles (+1-6% without a mask at every length, +2-3%

@@ -143,7 +143,7 @@ struct BwdMainloop {
   // stage's Q arrival (a release; the consumers' wait acquires it) and ends
   // the key tile with a stage that loads nothing. Each consumer walking the
   // kinds itself held a cursor and a mask view through each step (~22
-  // instructions a step and warp, RESULTS.md v24; v27).
+  // instructions a step and warp, benchmarks/history/2026-11-v9-v27.md, v24 and v27).
   template <class Masks>
   struct ConsumerSteps {
     static constexpr bool kNotes = mask::kReadsMemory<Policy>;
@@ -391,7 +391,7 @@ struct BwdMainloop {
     // dS^T to shared memory by stmatrix (8 x 8 tiles, queries contiguous): an
     // element-wise copy through the swizzled pointer became 16 generic stores
     // a step with a 64-bit address each; 4 stmatrix took the backward 2-11%
-    // faster at head dims 64-128 (benchmarks/RESULTS.md v24), and the kernel
+    // faster at head dims 64-128 (benchmarks/history/2026-11-v9-v27.md, v24), and the kernel
     // that reads a mask 4% once its consumers held no step cursor (v27).
     auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
     auto thr_store_ds = store_ds.get_thread_slice(wg_thread);

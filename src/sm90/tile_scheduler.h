@@ -74,7 +74,7 @@ struct TileScheduler {
 // freed unit i - 1's Q, which they do after reading its position; the slot's
 // previous readers (unit i - 2) have by then released K stages the producer
 // waited for. With one slot, compute-sanitizer's racecheck reported the end's
-// write against the last unit's reads (benchmarks/RESULTS.md v25).
+// write against the last unit's reads (benchmarks/history/2026-11-v9-v27.md, v25).
 struct UnitHandoff {
   cutlass::arch::ClusterBarrier ready;
   int pos[2];

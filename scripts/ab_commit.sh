@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On a GPU machine, against the build carried in torch_flash_backend/lib/: builds
+# another commit's library (a tarball made here by
+#   git archive -o .carry/base.tar <commit>
+# and carried with the call), compares the machine code of every kernel in the
+# two (scripts/sass_diff.py: a kernel whose SASS is the same runs the same), and
+# times both with benchmarks/bench_sdpa.py, in turns. Logs under $OUT.
+#
+#   BASE_TAR=.carry/base.tar AB_ARGS="--head-dims 64,128 --lens 4096 --modes fwd,fwdbwd" bash scripts/ab_commit.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+BASE_TAR=${BASE_TAR:-.carry/base.tar}
+mkdir -p "$OUT" /tmp/ab/base
+if ls .whl/*.whl >/dev/null 2>&1; then  # nvidia-cutlass for the build, as scripts/gpu_check.sh
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+fi
+echo "== $(date +%T) build of $BASE_TAR"
+tar -xf "$BASE_TAR" -C /tmp/ab/base
+start=$(date +%s)
+(cd /tmp/ab/base && CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace) \
+  >"$OUT/ab_base_build.log" 2>&1 || { tail -40 "$OUT/ab_base_build.log"; exit 1; }
+echo "built in $(( $(date +%s) - start )) s"
+echo "== $(date +%T) machine code, kernel by kernel"
+python3 scripts/sass_diff.py /tmp/ab/base/torch_flash_backend/lib/libtorch_flash_backend.so \
+  torch_flash_backend/lib/libtorch_flash_backend.so | tee "$OUT/sass_diff.md" | tail -30
+# Each tree runs its own package with its own library (the two may differ in
+# the ops' interface, which swapping libraries alone would trip on).
+ROUNDS=${ROUNDS:-2}
+if [[ -n "${AB_ARGS:-}" ]]; then
+  echo "== $(date +%T) benchmarks/bench_sdpa.py $AB_ARGS, $ROUNDS rounds, base and new in turns"
+  for round in $(seq "$ROUNDS"); do
+    for tree in /tmp/ab/base "$PWD"; do
+      name=$([[ $tree == /tmp/ab/base ]] && echo base || echo new)
+      # shellcheck disable=SC2086
+      (cd "$tree" && PYTHONPATH=$tree:${PYTHONPATH:-} python3 benchmarks/bench_sdpa.py $AB_ARGS 2>&1) \
+        | { grep '^| fwd' || echo "(no rows: $name)"; } | sed "s|^|$name r$round |"
+    done
+  done | tee "$OUT/ab.md"
+fi
