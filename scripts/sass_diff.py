@@ -18,6 +18,9 @@ import sys
 FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 ARCH = re.compile(r"^\s*arch\s*=\s*(\S+)")
 INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;")
+# An anonymous namespace's mangled name carries hashes of its file's path:
+# _GLOBAL__N__<hash>_<len>_<file>_<hash>. Two builds in two folders differ there alone.
+ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]+_(\d+_\w+?)_[0-9a-f]{8}(?=\d)")
 
 
 def kernels(cuobjdump: str, library: str) -> dict[tuple[str, str], list[str]]:
@@ -29,7 +32,7 @@ def kernels(cuobjdump: str, library: str) -> dict[tuple[str, str], list[str]]:
         if m := ARCH.match(line):
             arch = m.group(1)
         elif m := FUNCTION.match(line):
-            name = (arch, m.group(1))
+            name = (arch, ANONYMOUS.sub(r"_GLOBAL__N__\1", m.group(1)))
             out[name]  # a kernel with no instructions still counts
         elif name and (m := INSTRUCTION.match(line)):
             out[name].append(m.group(1))
