@@ -68,7 +68,7 @@ std::optional<Frame> routing_frame() {
 
 // What the router reads of a call (torch_flash_backend/_router.py, decide):
 // metadata, not data. The storage offset enters as its remainder modulo the
-// 16-byte vector, the alignment rule's only use of it.
+// largest family's align_bytes (TFB_ALIGN_BYTES_MAX), the alignment rule's only use of it.
 struct TensorKey {
   int64_t sizes[4];
   int64_t strides[4];

@@ -119,12 +119,12 @@ def check_sdpa_args(q, k, v, attn_mask=None, enable_gqa=False) -> None:
                                  f"query's ({hq})")
 
 
-def misaligned(name: str, t: torch.Tensor, family: str | None = None) -> str | None:
-    """Why a (B, H, L, E) tensor breaks the vector rule of the named family's
-    kernels (None: of every family), or None: a contiguous last dim, and every
-    stride along a dim of size > 1 and the storage offset multiples of the
-    family's align_bytes. A metadata read (FakeTensors pass too)."""
-    bytes_ = align_bytes(family)
+def misaligned(name: str, t: torch.Tensor, boundary: int | None = None) -> str | None:
+    """Why a (B, H, L, E) tensor breaks the vector rule, or None: a contiguous
+    last dim, and every stride along a dim of size > 1 and the storage offset
+    multiples of `boundary` bytes (a family's align_bytes; None: the largest any
+    family asks). A metadata read (FakeTensors pass too)."""
+    bytes_ = align_bytes() if boundary is None else boundary
     vec = max(1, bytes_ // t.element_size())
     shape, stride = t.shape, t.stride()
     if stride[3] != 1 and shape[3] > 1:

@@ -125,14 +125,16 @@ def constant(name: str) -> float:
     return _CONSTANTS[name]
 
 
+# Each family's limits as fields, parsed once: the router reads them per call.
+_FAMILY_FIELDS = {family: dict(f.split("=", 1) for f in limits.split()) for family, limits in _FAMILY_LIMITS.items()}
+_ALIGN_BYTES = {family: int(fields["align_bytes"]) for family, fields in _FAMILY_FIELDS.items()}
+_ALIGN_BYTES_MAX = max(_ALIGN_BYTES.values())
+
+
 def align_bytes(family: str | None = None) -> int:
     """The boundary every input row of the named family's kernels starts on
     (the registry's align_bytes); None: the largest any family asks."""
-    def of(limits):
-        return int(dict(f.split("=", 1) for f in limits.split())["align_bytes"])
-    if family is None or family not in _FAMILY_LIMITS:
-        return max(of(limits) for limits in _FAMILY_LIMITS.values())
-    return of(_FAMILY_LIMITS[family])
+    return _ALIGN_BYTES.get(family, _ALIGN_BYTES_MAX)
 
 
 def family_limits() -> dict[str, str]:
@@ -144,10 +146,9 @@ def family_limits() -> dict[str, str]:
 def reads_stride0(family: str | None) -> bool:
     """Whether the named family reads inputs broadcast with stride 0; None (the
     library picks a family that can) counts as yes."""
-    if family is None or family not in _FAMILY_LIMITS:
+    if family is None or family not in _FAMILY_FIELDS:
         return True
-    fields = dict(f.split("=", 1) for f in _FAMILY_LIMITS[family].split())
-    return fields["stride0_ok"] in ("1", "true")
+    return _FAMILY_FIELDS[family]["stride0_ok"] in ("1", "true")
 
 
 def built_kernel_set() -> frozenset[Kernel]:

@@ -305,11 +305,13 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
+    # The stricter of the two kernels' rules (the CPU ops: every family's).
+    families = [f for f in (decision.family, decision.backward_family) if f not in (None, "cpu")]
+    boundary = max(map(align_bytes, families), default=align_bytes())
     for name, t in (("q", q), ("k", k), ("v", v)):
-        for family in {decision.family, decision.backward_family} - {None, "cpu"} or {None}:
-            bad = misaligned(name, t, family)
-            if bad is not None:
-                return _fallback(bad)
+        bad = misaligned(name, t, boundary)
+        if bad is not None:
+            return _fallback(bad)
     return decision
 
 

@@ -11,6 +11,7 @@
 #include "device.h"
 #include "families.h"
 #include "fill_params.h"
+#include "kernel_list.h"
 
 namespace tfb {
 namespace {
@@ -21,13 +22,16 @@ DType to_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
 }
 
-// The kernels move 16-byte vectors: every row must start on a 16-byte boundary.
+// The kernels move vectors: every row must start on the boundary the registry
+// names (align_bytes; the largest of the families', before one is chosen).
 void check_vector_aligned(const at::Tensor& t, const char* name) {
-  const int64_t vec = 16 / t.element_size();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " data pointer must be 16-byte aligned");
+  constexpr int64_t kBytes = TFB_ALIGN_BYTES_MAX;
+  const int64_t vec = kBytes / t.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % kBytes == 0, name, " data pointer must be ", kBytes,
+              "-byte aligned");
   for (int d = 0; d < 3; ++d) {
     TORCH_CHECK(t.size(d) <= 1 || t.stride(d) % vec == 0, name, " stride(", d, ") = ", t.stride(d),
-                " must be a multiple of ", vec, " elements (16 bytes)");
+                " must be a multiple of ", vec, " elements (", kBytes, " bytes)");
   }
 }
 
