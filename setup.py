@@ -12,6 +12,7 @@ minutes on two cores); `pip wheel --no-build-isolation .` makes one wheel for
 every CPython 3 (py3-none-<platform>): the library has no Python bindings.
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -172,11 +173,21 @@ class BuildLibrary(BuildExtension):
         super().copy_extensions_to_source()
 
 
+def _release_rule():
+    """torch_flash_backend/_release.py, read by path: the package itself loads
+    the op library this build makes."""
+    path = os.path.join(ROOT, "torch_flash_backend", "_release.py")
+    spec = importlib.util.spec_from_file_location("_tfb_release", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _write_build_record(with_cuda: bool) -> list[str]:
     """Records the torch this library is built against, which the package
     checks before loading it (an op library loaded beside another torch release
     fails in ways nobody can read), and returns the wheel's requirement on it."""
-    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    release = _release_rule().release(torch.__version__)
     cuda = torch.version.cuda if with_cuda else None
     text = ('"""Written by setup.py: the torch this build of the op library is for."""\n'
             f"TORCH = {torch.__version__!r}\nCUDA = {cuda!r}\n")

@@ -106,7 +106,20 @@ def runner(backend, q, k, v, mask, kind, mode):
     """A call of `backend` on mask `kind`'s inputs; ours-plain runs the CAUSAL kinds causal."""
     import torch_flash_backend as tfb
 
-    if backend == "ours-dense":
+    if backend in ("ours-band", "flash-band"):
+        # The window as a band (no mask in memory): ours through the ops' window
+        # arguments, PyTorch's FlashAttention-2 through its flash op's window_size.
+        def fwd():
+            if kind != "window":
+                raise RuntimeError(f"{backend}: the window row only")
+            if backend == "ours-band":
+                return torch.ops.torch_flash_backend.fwd(q, k, v, None, True, window_left=WINDOW - 1)[0]
+            blhe = [t.transpose(1, 2) for t in (q, k, v)]
+            length = q.size(2)
+            return torch.ops.aten._flash_attention_forward(
+                *blhe, None, None, length, length, 0.0, True, False, window_size_left=WINDOW - 1,
+                window_size_right=0)[0].transpose(1, 2)
+    elif backend == "ours-dense":
         keys = WINDOW + 128
 
         def fwd():

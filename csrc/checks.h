@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include "common/mask.h"
 #include "common/mask_values.h"
 
 namespace tfb {
@@ -95,6 +96,32 @@ inline at::Tensor check_mask(const std::optional<at::Tensor>& attn_mask, const a
                 full[0], ", ", full[1], ", ", full[2], ", ", full[3], ")");
   }
   return m.expand({full[0], full[1], full[2], full[3]});
+}
+
+// The ops' mask arguments as the kernels' one mask mode (src/params.h
+// MaskArgs): attn_mask's (boolean or additive, fill_mask's), else a band
+// where is_causal or a window asks for one. is_causal closes the right edge
+// at the diagonal; window_left / window_right (FlashAttention's window_size)
+// bound each side, -1 leaving it open; bottom_right puts the diagonal at the
+// last key. A band is not combined with attn_mask (SDPA refuses is_causal
+// with one too).
+inline MaskArgs mask_args(bool has_mask, bool is_causal, bool bottom_right, int64_t window_left,
+                          int64_t window_right) {
+  TORCH_CHECK(window_left >= -1 && window_left < tfb::mask::kUnbounded,
+              "window_left must be -1 (no left edge) or a number of keys >= 0, got ", window_left);
+  TORCH_CHECK(window_right >= -1 && window_right < tfb::mask::kUnbounded,
+              "window_right must be -1 (no right edge) or a number of keys >= 0, got ", window_right);
+  const bool window = window_left >= 0 || window_right >= 0;
+  TORCH_CHECK(!has_mask || !(is_causal || window), "attn_mask cannot be combined with ",
+              is_causal ? "is_causal=True" : "a window (window_left / window_right)",
+              "; fold the band into the mask instead");
+  MaskArgs m;
+  if (!is_causal && !window) return m;
+  m.mode = MaskMode::kBand;
+  m.window_left = static_cast<int>(window_left);
+  m.window_right = is_causal ? 0 : static_cast<int>(window_right);
+  m.bottom_right = bottom_right;
+  return m;
 }
 
 inline double softmax_scale(std::optional<double> scale, int64_t head_dim) {

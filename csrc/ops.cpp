@@ -13,7 +13,6 @@
 
 #include <torch/library.h>
 
-#include "common/constants.h"
 #include "common/mask_values.h"
 #include "kernel_list.h"
 #ifdef TFB_WITH_CUDA
@@ -25,11 +24,11 @@ namespace {
 // One line per family of the registry (src/registry.py): its name and limits.
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
-#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, passes,   \
-                        head_dims)                                                                               \
+#define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
+                        passes, head_dims)                                                                      \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok          \
                   " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks                             \
-                  " additive_masks=" additive_masks " passes=" passes " head_dims=" head_dims);
+                  " additive_masks=" additive_masks " windows=" windows " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;
@@ -39,7 +38,6 @@ std::vector<std::string> kernel_families() {
 // with every digit a double has: read, never restated (one place per rule).
 std::vector<std::string> constants() {
   const std::pair<const char*, double> values[] = {
-      {"log2e", tfb::kLog2e},
       {"additive_limit", tfb::mask::kAdditiveLimit},
       {"additive_min_scale", tfb::mask::kAdditiveMinScale},
   };
@@ -79,14 +77,21 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // bottom_right: is_causal's diagonal ends at the last key (row i sees keys
   // j <= i + S - L, torch.nn.attention.bias.causal_lower_right, PyTorch's
   // flash ops) instead of SDPA's top-left j <= i; rows before it see no key
-  // and give 0. The same band when L == S; nothing without is_causal.
+  // and give 0. The same band when L == S. window_left / window_right: a
+  // sliding window as FlashAttention's window_size (PyTorch's flash ops'
+  // window_size_left / right), row i sees keys j with
+  // i + d - window_left <= j <= i + d + window_right (d the diagonal's offset
+  // as bottom_right places it; -1 opens a side; is_causal closes the right
+  // side at the diagonal). Key tiles outside the band are never visited. Not
+  // with attn_mask. Last, so that calls without them keep their positions.
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, str? family=None,"
-      " str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False) -> (Tensor out, Tensor lse)");
+      " str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False, int window_left=-1,"
+      " int window_right=-1) -> (Tensor out, Tensor lse)");
   m.def(
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None,"
-      " bool bottom_right=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      " bool bottom_right=False, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.
@@ -99,6 +104,6 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   m.def("built_kernels() -> str[]", &built_kernels);
   // The registry's families and their limits, whatever was built.
   m.def("kernel_families() -> str[]", &kernel_families);
-  // The kernels' constants the Python side reads (log2e, the additive mask's limits).
+  // The kernels' constants the Python side reads (the additive mask's limits).
   m.def("constants() -> str[]", &constants);
 }

@@ -248,15 +248,16 @@ at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                     std::optional<double>, bool, std::optional<c10::string_view>,
                                                     std::optional<c10::string_view>,
-                                                    const std::optional<at::Tensor>&, bool)>();
+                                                    const std::optional<at::Tensor>&, bool, int64_t, int64_t)>();
   const std::optional<c10::string_view> family = c10::string_view(entry.family);
   const std::optional<c10::string_view> backward_family =
       entry.backward_family.empty() ? std::nullopt : std::optional<c10::string_view>(entry.backward_family);
-  // SDPA's is_causal: top-left.
-  if (needs_grad) return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask, false));
+  // SDPA's is_causal: top-left; no window.
+  auto call = [&] { return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask, false, -1, -1)); };
+  if (needs_grad) return call();
   // Nothing to differentiate: skip the op's autograd formula (a Python kernel).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return std::get<0>(fwd.call(q, k, v, scale, is_causal, family, backward_family, attn_mask, false));
+  return call();
 }
 
 // Clears `pending` however the router returns.

@@ -11,9 +11,10 @@ backward (CTAs walking several key blocks into their own dQ split), scores
 large enough for the exact softmax pass, and more heads than grid y holds.
 The sm80 pass also runs the decode family's grid (split-KV, short queries);
 "decode" runs that grid alone, head dim 256 included; "masks" the tiled
-families' masks (boolean and additive), forward and backward.
+families' masks (boolean and additive), forward and backward; "windows" their
+bands with a left edge (sliding windows), forward and backward.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows]
 
 An argument runs that pass alone (racecheck takes minutes per pass).
 """
@@ -150,6 +151,33 @@ def masks(head_dims):
     torch.cuda.synchronize()
 
 
+def windows(head_dims):
+    """Sliding windows as a band (window_left / window_right) in the tiled
+    families, forward and backward: narrow and wide, both alignments, L != S
+    (rows and key tiles that see nothing), GQA, the deterministic backward."""
+    torch.manual_seed(0)
+    built = set(tfb.built_kernels())
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for e in head_dims + [32, 256]:
+        families = [f for f in ("sm80", "sm90") if (f == "sm80" or hopper) and f"{f}_bwd_bf16_hdim{e}" in built]
+        for (b, hq, hkv, length, s) in ((2, 4, 2, 17, 300), (1, 4, 4, 300, 67), (1, 2, 1, 1000, 1000)):
+            q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+            k = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
+            for i, (left, right, causal, bottom_right) in enumerate(
+                    ((0, 0, False, True), (40, 0, True, True), (100, 30, False, False), (-1, 5, False, True),
+                     (700, -1, False, False))):
+                for family in families:
+                    band = dict(bottom_right=bottom_right, window_left=left, window_right=right)
+                    out, lse = ops.fwd(q, k, v, None, causal, family, **band)
+                    torch.use_deterministic_algorithms(i == 1)
+                    try:
+                        ops.bwd(torch.randn_like(out), q, k, v, out, lse, None, causal, family, **band)
+                    finally:
+                        torch.use_deterministic_algorithms(False)
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -161,6 +189,10 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "decode":  # the decode grid alone
         decode(head_dims + [256])
         print(f"sanitize grid ran: decode, head dims {head_dims + [256]}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "windows":  # the windows grid alone
+        windows(head_dims)
+        print(f"sanitize grid ran: windows, head dims {head_dims + [32, 256]}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "masks":  # the masked grid alone
         masks(head_dims)

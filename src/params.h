@@ -16,7 +16,8 @@ namespace tfb {
 // strides in elements; the last dim is always contiguous (stride 1).
 // Optional blocks, each zero (off) unless a feature fills it in: a new feature
 // adds a block here and kernels read it through the accessors below, so it
-// never forks a kernel's signature.
+// never forks a kernel's signature. (The kernels read lengths through
+// seqlen_q / seqlen_k alone, SeqLens's accessors, which variable lengths fill.)
 
 // Per-batch lengths: a packed variable-length batch (cumulative offsets) or a
 // preallocated KV cache in use up to a length per batch.
@@ -37,17 +38,30 @@ struct SeqLens {
 // additive float (-inf hides) in one of these types.
 enum class MaskValues : uint8_t { kBool = 0, kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3 };
 
-// Masks beyond SDPA's is_causal flag (common/mask.h): band edges in keys from
-// the row's diagonal, and a mask read from memory with its per-tile summary.
+// Which pairs take part (common/mask.h band_of and policy_of read it, and
+// nothing else does): every pair; a band of keys around each row's diagonal
+// (SDPA's is_causal, causal_lower_right, FlashAttention's window_size); or a
+// mask in memory, boolean or additive (values_type), with its tile summary.
+enum class MaskMode : uint8_t { kNone = 0, kBand = 1, kBool = 2, kAdditive = 3 };
+
 struct MaskArgs {
-  bool bottom_right = false;  // align the causal diagonal with the last key (causal_lower_right)
-  int window_left = -1;       // -1: no left edge
-  int window_right = -1;      // -1: no right edge (is_causal sets 0)
-  // attn_mask, (B, H, L, S) with the strides below in bytes (0 to broadcast):
-  // boolean (nonzero = visible) or additive (values_type).
+  MaskMode mode = MaskMode::kNone;
+  // kBand: row i sees keys j with i + d - window_left <= j <= i + d + window_right,
+  // -1 opening a side; the diagonal d is 0 (top-left, SDPA's is_causal) or,
+  // with bottom_right, len_k - len_q (its last row meets the last key, as
+  // causal_lower_right and FlashAttention's windows align). is_causal: (-1, 0).
+  int window_left = -1;
+  int window_right = -1;
+  bool bottom_right = false;
+  // kBool / kAdditive: attn_mask, (B, H, L, S) with the strides below in bytes
+  // (0 to broadcast): nonzero = visible, or a value added to the scores.
   const uint8_t* values = nullptr;
   int64_t values_batch_stride = 0, values_head_stride = 0, values_row_stride = 0, values_col_stride = 0;
   MaskValues values_type = MaskValues::kBool;
+  TFB_PARAMS_HD bool in_memory() const { return mode == MaskMode::kBool || mode == MaskMode::kAdditive; }
+  // A band with a right edge: rows further down see keys further right, so
+  // their tiles cost more (schedulers start them first).
+  TFB_PARAMS_HD bool right_bounded() const { return mode == MaskMode::kBand && window_right >= 0; }
   // Additive values join the unscaled scores as value * values_scale, the
   // inverse of the kernels' scale (scale_log2 / log2(e)), so that the
   // scaled score is scale * q.k + value.
@@ -74,13 +88,6 @@ struct SplitKV {
   float* lse_partial = nullptr;  // (splits, B, Hq, L)
 };
 
-// Quantized inputs (FP8): per-(batch, kv head) factors that undo the scaling.
-struct Descales {
-  const float* q = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-};
-
 struct AttnFwdParams {
   const void* q;  // (B, Hq, L, E)
   const void* k;  // (B, Hkv, S, E)
@@ -103,7 +110,6 @@ struct AttnFwdParams {
   float scale;       // softmax scale applied to q.k
   float scale_log2;  // scale * log2(e), the kernels using exp2; at least FLT_MIN in magnitude
                      // (masked scores are -inf, and -inf * 0 is NaN)
-  bool is_causal;    // row i sees keys j <= i (top-left), or j <= i + len_k - len_q (mask.bottom_right)
 
   int num_sms;  // of the device the launch targets
 
@@ -115,7 +121,6 @@ struct AttnFwdParams {
   SeqLens seqlens;
   MaskArgs mask;
   SplitKV split_kv;
-  Descales descales;
 
   // Batch b's query and key lengths: kernels read lengths through these.
   TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.q(b, len_q); }

@@ -34,6 +34,9 @@ class Family:
     # the passes that read an additive one too (None: all of them).
     masks: tuple[str, ...] = ()
     additive_masks: tuple[str, ...] | None = None
+    # The passes that read a band's left edge (a sliding window, window_left);
+    # every pass reads is_causal's band and any right edge.
+    windows: tuple[str, ...] = ()
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # (pass, head dim) instantiations whose tiles need a wgmma width that CuTe
@@ -73,7 +76,7 @@ FAMILIES = (
         wide_mma=(("fwd", 256),),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
-        stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",),
+        stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",), windows=("fwd", "bwd"),
         doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; reads attn_mask (the backward a boolean one)",
     ),
     Family(
@@ -81,7 +84,7 @@ FAMILIES = (
         # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual",
-        stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"),
+        stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"), windows=("fwd", "bwd"),
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )

@@ -9,7 +9,9 @@ import zlib
 
 import torch
 
-ADDITIVE_LIMIT = 65536.0  # src/common/mask_values.h kAdditiveLimit
+from torch_flash_backend._library import constant
+
+ADDITIVE_LIMIT = constant("additive_limit")  # src/common/mask_values.h kAdditiveLimit, as the library reports it
 
 
 def attention_ref(q, k, v, scale=None, is_causal=False, attn_mask=None):

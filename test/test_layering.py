@@ -198,10 +198,11 @@ def test_library_loads_with_torch_ops_load_library():
     assert result.returncode == 0, result.stderr[-3000:]
     fwd, bwd = result.stdout.splitlines()[-2:]
     assert fwd.startswith("torch_flash_backend::fwd(Tensor q, Tensor k, Tensor v, float? scale=None, bool is_causal=False, "
-                          "str? family=None, str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False)")
+                          "str? family=None, str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False, "
+                          "int window_left=-1, int window_right=-1)")
     assert bwd.startswith("torch_flash_backend::bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                           "float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None, "
-                          "bool bottom_right=False)")
+                          "bool bottom_right=False, int window_left=-1, int window_right=-1)")
 
 
 def test_cmake_kernels_target_has_no_torch_include_path(tmp_path):

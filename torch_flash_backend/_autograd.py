@@ -11,11 +11,12 @@ _ops = torch.ops.torch_flash_backend
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, scale, is_causal, _family, backward_family, attn_mask, bottom_right = inputs
+    q, k, v, scale, is_causal, _family, backward_family, attn_mask, bottom_right, window_left, window_right = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse, attn_mask)
     ctx.scale, ctx.is_causal, ctx.backward_family, ctx.bottom_right = scale, is_causal, backward_family, bottom_right
+    ctx.window = window_left, window_right
     ctx.mask_requires_grad = attn_mask is not None and attn_mask.requires_grad
 
 
@@ -29,13 +30,15 @@ def _backward(ctx, grad_out, _grad_lse):
     extra = {} if attn_mask is None else {"attn_mask": attn_mask}
     if ctx.bottom_right:
         extra["bottom_right"] = True
+    if ctx.window != (-1, -1):
+        extra["window_left"], extra["window_right"] = ctx.window
     family = ctx.backward_family
     # A named family runs the call or raises: a gradient broadcast with stride 0
     # is made dense for one that cannot read it (TMA).
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, out, lse, ctx.scale,
                           ctx.is_causal, family, **extra)
     # The mask gets none (refused above where it asked for one).
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def _no_double_backward(ctx, *grads):

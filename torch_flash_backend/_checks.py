@@ -83,6 +83,17 @@ def check_mask(attn_mask, q: torch.Tensor, k: torch.Tensor, scale=None) -> None:
         raise ValueError(bad_shape)
 
 
+def check_band(attn_mask, is_causal: bool, window_left: int, window_right: int) -> None:
+    """The ops' band arguments (csrc/checks.h mask_args checks the same): each
+    window edge -1 (open) or a number of keys, and no band beside attn_mask."""
+    for name, edge in (("window_left", window_left), ("window_right", window_right)):
+        if not -1 <= edge < 1 << 30:
+            raise ValueError(f"{name} must be -1 (no edge) or a number of keys >= 0, got {edge}")
+    if attn_mask is not None and (is_causal or window_left >= 0 or window_right >= 0):
+        band = "is_causal=True" if is_causal else "a window (window_left / window_right)"
+        raise ValueError(f"attn_mask cannot be combined with {band}; fold the band into the mask instead")
+
+
 def mask_shape_problem(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
     """Why attn_mask does not broadcast to (B, Hq, L, S), as SDPA broadcasts it, or None."""
     full = (q.size(0), q.size(1), q.size(2), k.size(2))

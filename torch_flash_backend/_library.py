@@ -3,13 +3,10 @@ import os
 
 import torch
 
+from ._release import release
+
 LIB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "libtorch_flash_backend.so")
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps <source tree>"
-
-
-def release(version: str) -> str:
-    """A torch version's release, "2.11.0+cu130" -> "2.11": releases differ in their C++ ABI."""
-    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def torch_mismatch(built_torch: str, built_cuda: str | None, torch_version: str, torch_cuda: str | None) -> str | None:
@@ -67,7 +64,7 @@ class Kernel(str):
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
     no limit), masks (this pass reads a boolean attn_mask), additive_masks (and an
-    additive one), smem_bytes,
+    additive one), windows (a band's left edge, window_left), smem_bytes,
     tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
     0 where it reads no mask)."""
 
@@ -82,6 +79,7 @@ class Kernel(str):
     max_rows: int
     masks: bool
     additive_masks: bool
+    windows: bool
     smem_bytes: int
     tile_rows: int
     tile_keys: int
@@ -99,10 +97,14 @@ class Kernel(str):
         kernel.stride0_ok = values["stride0_ok"] in ("1", "true")
         kernel.masks = kernel.pass_ in values.get("masks", "").split(",")
         kernel.additive_masks = kernel.pass_ in values.get("additive_masks", values.get("masks", "")).split(",")
+        kernel.windows = kernel.pass_ in values.get("windows", "").split(",")
         return kernel
 
     def reads_mask(self, mask_kind: str) -> bool:
-        """Whether this pass reads a call's mask: mask_kind "" (none), "bool" or "additive"."""
+        """Whether this pass reads a call's mask: mask_kind "" (none, or a band
+        without a left edge), "bool", "additive" or "window" (a left edge)."""
+        if mask_kind == "window":
+            return self.windows
         return not mask_kind or (self.additive_masks if mask_kind == "additive" else self.masks)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
@@ -121,7 +123,7 @@ _CONSTANTS = {name: float(value) for name, value in (line.split("=", 1)
 
 def constant(name: str) -> float:
     """A number the kernels define (src/common/constants.h, mask_values.h), as the
-    library reports it: "log2e", "additive_limit", "additive_min_scale"."""
+    library reports it: "additive_limit", "additive_min_scale"."""
     return _CONSTANTS[name]
 
 

@@ -52,8 +52,9 @@ def _forget_dispatch() -> None:
         getattr(torch.ops.aten, name).default._dispatch_cache.clear()
 
 
-def _no_window(left, right) -> bool:
-    return left in (None, -1) and right in (None, -1)
+def _window(left, right) -> tuple[int, int]:
+    """PyTorch's flash ops' window_size_left / right as the ops take them (-1: open)."""
+    return (-1 if left is None else int(left), -1 if right is None else int(right))
 
 
 def _count(decision, backward: bool) -> None:
@@ -70,29 +71,28 @@ def _count(decision, backward: bool) -> None:
 
 
 def _unsupported(backward: bool, cum_seq_q=None, cum_seq_k=None, return_debug_mask=False, seqused_k=None,
-                 alibi_slopes=None, window_size_left=None, window_size_right=None) -> bool:
+                 alibi_slopes=None) -> bool:
     """Whether the call asks for a feature our kernels lack (then counted as passed on)."""
     reason = ("variable-length inputs (cum_seq_q / cum_seq_k)" if cum_seq_q is not None or cum_seq_k is not None
               else "return_debug_mask=True" if return_debug_mask
               else "seqused_k" if seqused_k is not None
               else "alibi_slopes" if alibi_slopes is not None
-              else "a sliding window" if not _no_window(window_size_left, window_size_right)
               else None)
     if reason is not None:
         _count(_router.Decision(False, None, f"{reason} is not supported"), backward)
     return reason is not None
 
 
-def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool) -> str | None:
+def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool, window=(-1, -1)) -> str | None:
     """The kernel family that serves the call (the backward's when backward), or None;
     q, k, v in (B, H, L, E). Counted in stats() and logged as enable()'s
-    calls are. PyTorch's flash ops align is_causal bottom-right (the ops'
-    bottom_right=True, which the kernels here are given)."""
+    calls are. PyTorch's flash ops align is_causal and windows bottom-right
+    (the ops' bottom_right=True, which the kernels here are given)."""
     if q.dim() != 4 or k.dim() != 4:
         decision = _router.Decision(False, None, "inputs are not 4-D")
     else:
         decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward,
-                                  bottom_right=True)
+                                  bottom_right=True, window=window)
     _count(decision, backward)
     if not decision.served:
         return None
@@ -117,9 +117,9 @@ def _rng_placeholders(query: torch.Tensor):
     return seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family):
+def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family, window=(-1, -1)):
     dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, kernel_friendly(out), lse, scale,
-                          is_causal, family, bottom_right=True)
+                          is_causal, family, bottom_right=True, window_left=window[0], window_right=window[1])
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 
@@ -127,12 +127,13 @@ def _make_kernels(original):
     def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                 is_causal, return_debug_mask, *, scale=None, window_size_left=None,
                                 window_size_right=None, seqused_k=None, alibi_slopes=None):
-        if not _unsupported(False, cum_seq_q, cum_seq_k, return_debug_mask, seqused_k, alibi_slopes,
-                            window_size_left, window_size_right):
+        if not _unsupported(False, cum_seq_q, cum_seq_k, return_debug_mask, seqused_k, alibi_slopes):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
-            family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False)
+            window = _window(window_size_left, window_size_right)
+            family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False, window=window)
             if family is not None:
-                out, lse = _ops.fwd(q, k, v, scale, is_causal, family, bottom_right=True)
+                out, lse = _ops.fwd(q, k, v, scale, is_causal, family, bottom_right=True, window_left=window[0],
+                                    window_right=window[1])
                 return _like(out.transpose(1, 2), query), lse, *_rng_placeholders(query)
         return original["_flash_attention_forward"].call_boxed(
             keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -142,12 +143,13 @@ def _make_kernels(original):
     def flash_attention_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                  max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
                                  window_size_left=None, window_size_right=None):
-        if not _unsupported(True, cum_seq_q, cum_seq_k, window_size_left=window_size_left,
-                            window_size_right=window_size_right):
+        if not _unsupported(True, cum_seq_q, cum_seq_k):
             q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
-            family = _serves(q, k, v, dropout_p, is_causal, scale, backward=True) if _lse_ok(logsumexp, q) else None
+            window = _window(window_size_left, window_size_right)
+            family = (_serves(q, k, v, dropout_p, is_causal, scale, backward=True, window=window)
+                      if _lse_ok(logsumexp, q) else None)
             if family is not None:
-                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal, family)
+                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal, family, window)
                 return _like(dq.transpose(1, 2), query), _like(dk.transpose(1, 2), key), _like(dv.transpose(1, 2), value)
         return original["_flash_attention_backward"].call_boxed(
             keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,

@@ -44,6 +44,7 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
+WINDOW_GRAD_REASON = "a window's left edge and inputs that require grad: no backward family allowed here reads one"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +205,7 @@ _DECISIONS_MAX = 4096
 _ALIGN_BYTES = align_bytes()
 
 
-def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right):
+def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window):
     """What decide() reads of a call, as a dict key: plain eager tensors' metadata
     and the settings; None for anything else (FakeTensors and subclasses while
     tracing, masks, nested tensors), which decide() then reads afresh."""
@@ -216,31 +217,35 @@ def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_gr
         return None
     meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, _ALIGN_BYTES // t.element_size()), t.dtype,
                   t.device) for t in (q, k, v))
-    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, probe.generation,
+    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window, probe.generation,
             os.environ.get(FAMILIES_ENV, ""))
 
 
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-           *, needs_grad: bool | None = None, bottom_right: bool = False) -> Decision:
+           *, needs_grad: bool | None = None, bottom_right: bool = False,
+           window: tuple[int, int] = (-1, -1)) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
     bottom_right: is_causal aligned with the last key (a CausalBias made by
     causal_lower_right, PyTorch's flash ops; _causal.py), which every family
-    serves as it serves top-left. Raises (check_sdpa_args) for arguments
-    PyTorch's SDPA would reject too.
+    serves as it serves top-left. window: (left, right) keys of a sliding
+    window about the diagonal, -1 opening a side (PyTorch's flash ops'
+    window_size; the ops' window_left / window_right). Raises
+    (check_sdpa_args) for arguments PyTorch's SDPA would reject too.
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad). A call whose metadata and settings were decided before gets
     that decision back (the decision reads nothing else; scale never changes it).
     """
     if needs_grad is None and type(q) is type(k) is type(v) is torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    bottom_right = bool(bottom_right and is_causal)
-    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right)
+    window = (int(window[0]), int(window[1]))
+    bottom_right = bool(bottom_right and (is_causal or window != (-1, -1)))
+    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window)
     if key is not None:
         decision = _decisions.get(key)
         if decision is not None:
             return decision
-    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right)
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right, window)
     if key is not None:
         if len(_decisions) >= _DECISIONS_MAX:
             _decisions.clear()
@@ -248,7 +253,8 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     return decision
 
 
-def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right) -> Decision:
+def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right,
+            window=(-1, -1)) -> Decision:
     check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
@@ -264,6 +270,10 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     if device.type != "cuda" and not on_cpu:
         return _fallback(f"device type {device.type} is not CUDA")
     masked = attn_mask is not None
+    if masked and window != (-1, -1):
+        return _fallback("attn_mask with a window: the kernels read one or the other")
+    if min(window) < -1:
+        return _fallback(f"window {window}: each side is -1 (open) or a number of keys")
     if masked:
         why = _mask_problem(attn_mask, q, k, is_causal, scale)
         if why is not None:
@@ -292,7 +302,10 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return _fallback(DECODE_REASON)
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    causal = ", causal (bottom-right)" if bottom_right and length != s else ", causal" if is_causal else ""
+    aligned = " (bottom-right)" if bottom_right and length != s else ""
+    causal = f", causal{aligned}" if is_causal else ""
+    if window != (-1, -1):
+        causal += f", window {window}{aligned}"
     detail = f"{dtype_name}, head dim {e}" + causal + (
         f", GQA {hq}:{hkv}" if hq != hkv else "") + (_mask_detail(attn_mask) if masked else "")
     if on_cpu:
@@ -301,7 +314,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
-                                     hq // hkv, mask_kind=mask_kind(attn_mask))
+                                     hq // hkv, mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask))
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -417,6 +430,9 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
     if mask_kind:
         readers = [k for k in fwd_kernels if k.reads_mask(mask_kind)]
+        if mask_kind == "window" and not readers:
+            return _fallback(f"a window's left edge (window_left): no forward built for {dtype_name} head dim {e} "
+                             f"reads one{only}")
         if not readers:
             return _fallback(f"attn_mask: no forward built for {dtype_name} head dim {e} reads a mask{only}")
         if length >= MIN_QUERY_LEN and not any(not k.max_rows for k in readers):
@@ -461,7 +477,7 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         if bwd is None:
             continue
         if not bwd.reads_mask(mask_kind):
-            why_not = MASK_GRAD_REASON
+            why_not = WINDOW_GRAD_REASON if mask_kind == "window" else MASK_GRAD_REASON
             continue
         if broadcast and not bwd.stride0_ok:
             why_not = (f"inputs require grad and are broadcast with stride 0 (expand), which the {family} "

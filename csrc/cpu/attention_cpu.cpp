@@ -134,29 +134,35 @@ TFB_VECTOR_CLONES void matmul_acc(const float* a, int64_t lda, const float* b, i
   for (; i < m; ++i) matmul_rows<1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
 }
 
-// The kernels' mask rule (src/common/mask.h), for SDPA's is_causal: top-left
-// aligned whatever L and S are, or bottom-right with bottom_right.
-using Band = tfb::mask::CausalOrNone;
-Band band_of(bool is_causal, bool bottom_right, const AttnShape& s) {
-  return tfb::mask::causal_if(is_causal, bottom_right, static_cast<int>(s.len_q), static_cast<int>(s.len_k));
+// The kernels' band (src/common/mask.h band_of): visible_keys cuts each
+// row's keys at its right edge, MaskView::bias hides those left of its left edge.
+using Band = tfb::mask::Band;
+
+// The ops' mask arguments' band for this call (checks.h mask_args).
+Band band_of(const at::Tensor& values, bool is_causal, bool bottom_right, int64_t window_left, int64_t window_right,
+             const AttnShape& s) {
+  return tfb::mask::band_of(mask_args(values.defined(), is_causal, bottom_right, window_left, window_right),
+                            static_cast<int>(s.len_q), static_cast<int>(s.len_k));
 }
 
-// Keys of a block starting at k0 that query row i sees (the band has no left
-// edge, so they are the block's first ones).
-int64_t visible_keys(const tfb::mask::CausalOrNone& band, int64_t i, int64_t k0, int64_t block) {
+// Keys of a block starting at k0 that query row i may see: the block's first
+// ones, up to the band's right edge.
+int64_t visible_keys(const Band& band, int64_t i, int64_t k0, int64_t block) {
   return std::clamp<int64_t>(band.key_end(static_cast<int>(i)) - k0, 0, block);
 }
 
 // attn_mask as check_mask returns it, (B, Hq, L, S) with any strides; off
-// when undefined. bias(): what a pair adds to its scaled score, -inf where it
-// takes no part (a boolean mask's false, an additive mask's -inf), else 0 or
-// the additive value; logit() joins the two as the kernels do (mask_values.h).
+// when undefined; and the band's left edge. bias(): what a pair adds to its
+// scaled score, -inf where it takes no part (left of the band, a boolean
+// mask's false, an additive mask's -inf), else 0 or the additive value;
+// logit() joins the two as the kernels do (mask_values.h).
 struct MaskView {
   const char* data = nullptr;
   at::ScalarType type = at::kBool;
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;  // bytes
+  Band band;
 
-  explicit MaskView(const at::Tensor& m) {
+  MaskView(const at::Tensor& m, const Band& band_) : band(band_) {
     if (!m.defined()) return;
     data = static_cast<const char*>(m.data_ptr());
     type = m.scalar_type();
@@ -167,6 +173,7 @@ struct MaskView {
   // Head (b, h)'s plane: row i, key j at plane + i * row_stride + j * col_stride.
   const char* plane(int64_t b, int64_t h) const { return data ? data + b * batch_stride + h * head_stride : nullptr; }
   float bias(const char* plane, int64_t i, int64_t j) const {
+    if (j < band.key_begin(static_cast<int>(i))) return kNegInf;
     if (plane == nullptr) return 0.f;
     const char* at = plane + i * row_stride + j * col_stride;
     switch (type) {
@@ -422,17 +429,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            std::optional<double> scale, bool is_causal,
                                            std::optional<c10::string_view> family,
                                            std::optional<c10::string_view> backward_family,
-                                           const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
+                                           const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                           int64_t window_left, int64_t window_right) {
   check_family(family);
   check_family(backward_family);
   const AttnShape s = check_qkv(q, k, v);
-  const MaskView mask(check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim)));
+  const at::Tensor values = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
+  const Band band = band_of(values, is_causal, bottom_right, window_left, window_right, s);
+  const MaskView mask(values, band);
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
   if (is_empty_problem(s)) return {out, lse};
   const float sm_scale = static_cast<float>(softmax_scale(scale, s.head_dim));
   dispatch_dtype(q.scalar_type(), [&](auto element) {
-    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, band_of(is_causal, bottom_right, s), mask);
+    fwd_kernel<decltype(element)>(q, k, v, out, lse, s, sm_scale, band, mask);
   });
   return {out, lse};
 }
@@ -442,17 +452,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
                                                        const at::Tensor& out, const at::Tensor& lse,
                                                        std::optional<double> scale, bool is_causal,
                                                        std::optional<c10::string_view> family,
-                                                       const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
+                                                       const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                                       int64_t window_left, int64_t window_right) {
   check_family(family);
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
-  const MaskView mask(check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim)));
+  const at::Tensor values = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
+  const Band band = band_of(values, is_causal, bottom_right, window_left, window_right, s);
+  const MaskView mask(values, band);
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
   if (is_empty_problem(s)) return {dq, dk, dv};
   const float sm_scale = static_cast<float>(softmax_scale(scale, s.head_dim));
   at::Tensor delta = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
-  const Band band = band_of(is_causal, bottom_right, s);
   dispatch_dtype(q.scalar_type(), [&](auto element) {
     using T = decltype(element);
     bwd_delta<T>(grad_out, out, delta.data_ptr<float>(), s);

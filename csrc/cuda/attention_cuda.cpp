@@ -57,9 +57,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                                             std::optional<double> scale, bool is_causal,
                                             std::optional<c10::string_view> family,
                                             std::optional<c10::string_view> /*backward_family: autograd's*/,
-                                            const std::optional<at::Tensor>& attn_mask, bool bottom_right) {
+                                            const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                            int64_t window_left, int64_t window_right) {
   const AttnShape s = check_qkv(q, k, v);
   const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
+  const MaskArgs band = mask_args(mask.defined(), is_causal, bottom_right, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out, lse;
   std::tie(out, lse) = fwd_outputs(q, s);
@@ -70,9 +72,8 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   check_vector_aligned(k, "k");
   check_vector_aligned(v, "v");
   AttnFwdParams p{};
-  fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
-  p.mask.bottom_right = bottom_right;
-  fill_mask(p, mask);
+  fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
+  fill_mask(p, mask, band);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   const at::Tensor workspace = attach_workspace(chosen, p, q);
   const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
@@ -87,10 +88,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
                                                         std::optional<double> scale, bool is_causal,
                                                         std::optional<c10::string_view> family,
                                                         const std::optional<at::Tensor>& attn_mask,
-                                                        bool bottom_right) {
+                                                        bool bottom_right, int64_t window_left,
+                                                        int64_t window_right) {
   const AttnShape s = check_qkv(q, k, v);
   check_bwd_extra(grad_out, out, lse, q, s);
   const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
+  const MaskArgs band = mask_args(mask.defined(), is_causal, bottom_right, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor dq, dk, dv;
   std::tie(dq, dk, dv) = bwd_outputs(q, k, v, s);
@@ -103,9 +106,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   check_vector_aligned(out, "out");
   check_vector_aligned(grad_out, "grad_out");
   AttnBwdParams p{};
-  fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), is_causal, info.num_sms);
-  p.mask.bottom_right = bottom_right;
-  fill_mask(p, mask);
+  fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
+  fill_mask(p, mask, band);
   fill_bwd(p, grad_out, dq, dk, dv);
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
   const at::Tensor workspace = attach_workspace(chosen, p, q);

@@ -16,18 +16,20 @@ struct Limits {
   std::string_view family;
   int min_cc, max_cc;
   int align_bytes;
-  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd additive_masks=fwd,bwd"
+  // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd additive_masks=fwd,bwd
+  // windows=fwd,bwd"
   const char* text;
   const char* masks;           // the passes that read a boolean attn_mask, comma-separated
   const char* additive_masks;  // those that read an additive one
+  const char* windows;         // those that read a band's left edge
 };
 constexpr Limits kLimits[] = {
-#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, passes, \
-                   head_dims)                                                                          \
-  {#family, min_cc, max_cc, align_bytes,                                                                \
-   "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes         \
-   " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks,                            \
-   masks, additive_masks},
+#define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
+                   passes, head_dims)                                                                   \
+  {#family, min_cc, max_cc, align_bytes,                                                                 \
+   "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes          \
+   " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks " windows=" windows,         \
+   masks, additive_masks, windows},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -62,8 +64,8 @@ const Table& table() {
     auto add = [](auto& list, const char* family, const char* pass, auto has, auto can_run, auto workspace_bytes,
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
-      list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass), has,
-                      can_run, workspace_bytes, run, smem_bytes, tile});
+      list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass),
+                      lists(l.windows, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
@@ -104,8 +106,9 @@ template <class Params>
 const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernels, const char* pass,
                                   const std::optional<std::string_view>& family, const DeviceInfo& info,
                                   DType dtype, const Params& p) {
-  const bool masked = p.mask.values != nullptr;
-  const bool additive = masked && p.mask.values_type != MaskValues::kBool;
+  const bool masked = p.mask.in_memory();
+  const bool additive = p.mask.mode == MaskMode::kAdditive;
+  const bool window = p.mask.mode == MaskMode::kBand && p.mask.window_left >= 0;
   if (family.has_value()) {
     std::string families;
     for (const auto& k : kernels) {
@@ -118,6 +121,8 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
                   info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
       TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
                   additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
+      TORCH_CHECK(!window || k.windows, "family='", *family, "' has no ", pass,
+                  " kernel that reads a window's left edge (window_left)");
       TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
                   "expand(), or a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
                   " bytes)");
@@ -126,7 +131,10 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
     TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
   }
   for (const auto& k : kernels) {
-    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.reads_mask(masked, additive) && k.can_run(p)) return k;
+    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.reads_mask(masked, additive) && (!window || k.windows) &&
+        k.can_run(p)) {
+      return k;
+    }
   }
   TORCH_CHECK(false, "no ", pass, " kernel built for ", dtype_name(dtype), " head_dim=", p.head_dim,
               " runs these inputs", masked ? " with attn_mask" : "", " on compute capability ", info.major, ".",

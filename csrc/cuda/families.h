@@ -26,6 +26,7 @@ struct PassKernels {
   int min_cc, max_cc;  // the registry's, major * 10 + minor; max_cc 0: no upper bound
   bool masks;          // the registry's: this pass reads a boolean attn_mask (params.mask.values)
   bool additive_masks;  // and an additive one
+  bool windows;         // the registry's: this pass reads a band's left edge (window_left)
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);

@@ -38,7 +38,7 @@ bool deterministic_bwd() {
 }  // namespace
 
 void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-              const at::Tensor& lse, const AttnShape& s, double scale, bool is_causal, int num_sms) {
+              const at::Tensor& lse, const AttnShape& s, double scale, int num_sms) {
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -56,12 +56,13 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
   p.head_dim = static_cast<int>(s.head_dim);
   p.scale = static_cast<float>(scale);
   p.scale_log2 = scale_log2_of(p.scale);
-  p.is_causal = is_causal;
   p.num_sms = num_sms;
 }
 
-void fill_mask(AttnFwdParams& p, const at::Tensor& mask) {
+void fill_mask(AttnFwdParams& p, const at::Tensor& mask, const MaskArgs& band) {
+  p.mask = band;
   if (!mask.defined()) return;
+  p.mask.mode = mask.scalar_type() == at::kBool ? MaskMode::kBool : MaskMode::kAdditive;
   switch (mask.scalar_type()) {
     case at::kBool: p.mask.values_type = MaskValues::kBool; break;
     case at::kHalf: p.mask.values_type = MaskValues::kFloat16; break;

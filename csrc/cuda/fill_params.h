@@ -9,11 +9,12 @@
 namespace tfb {
 
 void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-              const at::Tensor& lse, const AttnShape& s, double scale, bool is_causal, int num_sms);
+              const at::Tensor& lse, const AttnShape& s, double scale, int num_sms);
 
-// The mask check_mask() returned (a (B, Hq, L, S) view, boolean or additive),
-// after fill_fwd (it reads the scale); none when undefined.
-void fill_mask(AttnFwdParams& p, const at::Tensor& mask);
+// The call's mask mode: `band` (checks.h mask_args), or the mask check_mask()
+// returned (a (B, Hq, L, S) view, boolean or additive) when defined; after
+// fill_fwd (an additive mask reads the scale).
+void fill_mask(AttnFwdParams& p, const at::Tensor& mask, const MaskArgs& band);
 
 // fill_fwd plus the gradients; p.deterministic follows
 // torch.use_deterministic_algorithms (warn_only: the default order, with a warning).

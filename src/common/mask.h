@@ -45,25 +45,20 @@ TFB_HOST_DEVICE int band_offset(int64_t diag, int64_t edge) {
 //   causal, bottom-right        right = 0, diag = len_k - len_q (causal_lower_right)
 //   sliding window              finite left and/or right, either alignment
 // It is stored as offsets from the row, computed once: row i sees keys
-// [i + lo, i + hi) clipped to [0, len_k). kLeftBounded = false drops the left
-// edge from the arithmetic, so kernels without windows pay nothing for it.
-template <bool kLeftBounded>
+// [i + lo, i + hi) clipped to [0, len_k). An open left edge (lo at
+// -kUnbounded) is one compare more per score in the tiles that need a
+// predicate anyway (a separate kernel for windows would double the band's
+// instantiations for that compare).
 struct Band {
   int len_q;
   int len_k;
-  int lo = -kUnbounded;  // read only when kLeftBounded
+  int lo = -kUnbounded;
   int hi = kUnbounded;
-
-  static constexpr bool kHasLeft = kLeftBounded;
 
   TFB_HOST_DEVICE bool right_bounded() const { return hi < kUnbounded; }
   TFB_HOST_DEVICE int key_begin(int i) const {
-    if constexpr (kLeftBounded) {
-      const int j = i + lo;
-      return j < 0 ? 0 : j > len_k ? len_k : j;
-    } else {
-      return 0;
-    }
+    const int j = i + lo;
+    return j < 0 ? 0 : j > len_k ? len_k : j;
   }
   TFB_HOST_DEVICE int key_end(int i) const {
     const int j = i + hi;
@@ -78,33 +73,20 @@ struct Band {
     return right_bounded() && i > 0 ? i : 0;
   }
   TFB_HOST_DEVICE int row_end(int j) const {
-    if constexpr (kLeftBounded) {
-      const int i = j - lo + 1;  // first i with i + lo > j
-      return i < 0 ? 0 : i < len_q ? i : len_q;
-    } else {
-      return len_q;
-    }
+    if (lo <= -kUnbounded) return len_q;
+    const int i = j - lo + 1;  // first i with i + lo > j
+    return i < 0 ? 0 : i < len_q ? i : len_q;
   }
 };
 
-using CausalOrNone = Band<false>;
-using Window = Band<true>;
-
-TFB_HOST_DEVICE CausalOrNone no_mask(int len_q, int len_k) { return {len_q, len_k}; }
-TFB_HOST_DEVICE CausalOrNone causal_top_left(int len_q, int len_k) { return {len_q, len_k, -kUnbounded, 1}; }
-TFB_HOST_DEVICE CausalOrNone causal_bottom_right(int len_q, int len_k) {
-  return {len_q, len_k, -kUnbounded, band_offset(len_k - len_q, 1)};
-}
-// SDPA's is_causal flag: top-left aligned, or bottom-right with
-// bottom_right (causal_lower_right; the same band when len_q == len_k).
-TFB_HOST_DEVICE CausalOrNone causal_if(bool is_causal, bool bottom_right, int len_q, int len_k) {
-  if (!is_causal) return no_mask(len_q, len_k);
-  return bottom_right ? causal_bottom_right(len_q, len_k) : causal_top_left(len_q, len_k);
-}
-// Row i sees keys [i + diag - left, i + diag + right]; kUnbounded opens a side.
-TFB_HOST_DEVICE Window sliding_window(int len_q, int len_k, int left, int right, int diag) {
-  return {len_q, len_k, left >= kUnbounded ? -kUnbounded : band_offset(diag, -int64_t(left)),
-          right >= kUnbounded ? kUnbounded : band_offset(diag, int64_t(right) + 1)};
+// The one reading of MaskArgs's band (params.h): a batch's band for its
+// lengths; every pair for the other modes (a mask in memory's keys are all
+// in range, its tiles say the rest).
+TFB_HOST_DEVICE Band band_of(const MaskArgs& m, int len_q, int len_k) {
+  if (m.mode != MaskMode::kBand) return {len_q, len_k};
+  const int64_t diag = m.bottom_right ? int64_t(len_k) - len_q : 0;
+  return {len_q, len_k, m.window_left < 0 ? -kUnbounded : band_offset(diag, -int64_t(m.window_left)),
+          m.window_right < 0 ? kUnbounded : band_offset(diag, int64_t(m.window_right) + 1)};
 }
 
 // A mask read from memory, for masks no band describes (padding, block-sparse):
@@ -173,9 +155,11 @@ template <>
 constexpr bool kAddsValues<FromMemoryAdditive> = true;
 
 // A policy seen through tiles of kBlockM rows by kBlockN keys.
-template <int kBlockM, int kBlockN, class Policy_>
+template <int kBlockM_, int kBlockN_, class Policy_>
 struct TileWalk {
   using Policy = Policy_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
   Policy policy;
 
   TFB_HOST_DEVICE int num_m_blocks() const { return (policy.len_q + kBlockM - 1) / kBlockM; }
@@ -240,10 +224,15 @@ struct TileWalk {
     }
   }
 
-  // The last key tile at or below n_block that query tile m_block visits (-1: none).
+  // The last key tile at or below n_block that query tile m_block visits
+  // (-1: none): below the range's first (a band's left edge) there is none.
   TFB_HOST_DEVICE int visited_at_or_below(int m_block, int n_block) const {
-    while (n_block >= 0 && skipped(m_block, n_block)) --n_block;
-    return n_block;
+    if constexpr (kReadsMemory<Policy>) {
+      while (n_block >= 0 && skipped(m_block, n_block)) --n_block;
+      return n_block;
+    } else {
+      return n_block >= n_blocks(m_block).begin ? n_block : -1;
+    }
   }
 };
 

@@ -32,8 +32,8 @@ CUTE_DEVICE void apply(Policy const& band, Acc& acc, Coord const& coord, int m0,
     // The band's edges are read here, in the loop, on purpose: read once
     // above it, they let ptxas predicate this whole pass into every tile of
     // the sm80 forward (its head dim 64 rows 18% slower).
-    bool hidden = col >= col_limit || (band.right_bounded() && n0 + col >= row + band.hi);
-    if constexpr (Policy::kHasLeft) hidden = hidden || n0 + col < row + band.lo;
+    const bool hidden =
+        col >= col_limit || (band.right_bounded() && n0 + col >= row + band.hi) || n0 + col < row + band.lo;
     // A select: written as `if (hidden) acc(i) = -inf`, the sm90 forward got
     // a branch per score, which cost more than the tile's softmax.
     acc(i) = hidden ? -INFINITY : acc(i);
@@ -52,8 +52,7 @@ CUTE_DEVICE void apply_by_row_limit(Policy const& band, Acc& acc, Coord const& c
     const int row = m0 + cute::get<0>(coord(i));
     const int col = cute::get<1>(coord(i));
     const int limit = right ? min(col_limit, row + hi) : col_limit;
-    bool keep = col < limit;
-    if constexpr (Policy::kHasLeft) keep = keep && col >= row + lo;
+    const bool keep = col < limit && col >= row + lo;
     acc(i) = keep ? acc(i) : -INFINITY;
   }
 }
@@ -184,6 +183,53 @@ CUTE_DEVICE void add_values(FromMemoryAdditive const& m, RowCol& s, Coord const&
       }
     }
   });
+}
+
+// An additive mask's tile of kind `kind` on key tile n0, held as (row, col)
+// views: kAdditive tiles add their values, kFloored ones give the pairs
+// without a bit the limit's logit (both times inv_scale, the kernel's
+// 1 / scale); keys past len_k become -inf. Returns false, touching nothing,
+// for the other kinds, whose bits alone decide.
+template <int kTileKeys, class RowCol, class Coord>
+CUTE_DEVICE bool apply_values(FromMemoryAdditive const& m, TileKind kind, RowCol& s, Coord const& coord, int m0,
+                              int n0, float inv_scale) {
+  if (kind == TileKind::kAdditive) {
+    add_values(m, s, coord, m0, n0, inv_scale, -INFINITY);
+    return true;
+  }
+  if (kind == TileKind::kFloored) {
+    apply_rows<kTileKeys>(m, s, coord, m0, n0, -kAdditiveLimit * inv_scale);
+    return true;
+  }
+  return false;
+}
+
+// The forward's mask on one tile that needs a predicate, its unscaled scores
+// in acc (MMA layout; coord its identity partition) and the same as (row,
+// col) views s / s_coord: a band's edges (kByRowLimit: apply_by_row_limit's
+// spelling), else the tile's kind (an additive mask's values or floor, or
+// the bits). Every forward mainloop calls this, after negating the scores
+// for a negative scale; the backward reuses apply_values and apply_rows.
+template <bool kByRowLimit, class Walk, class Acc, class Coord, class RowCol, class RowColCoord>
+CUTE_DEVICE void mask_scores(Walk const& walk, Acc& acc, Coord const& coord, RowCol& s, RowColCoord const& s_coord,
+                             int m_block, int n_block) {
+  using Policy = typename Walk::Policy;
+  const int m0 = m_block * Walk::kBlockM, n0 = n_block * Walk::kBlockN;
+  if constexpr (kAddsValues<Policy>) {
+    // The scores are negated for a negative scale: |scale| times the negated
+    // score plus value / |scale| is scale q.k + value.
+    const float inv_scale = fabsf(walk.policy.values_scale);
+    if (apply_values<Walk::kBlockN>(walk.policy, walk.policy.kind(m_block, n_block), s, s_coord, m0, n0, inv_scale)) {
+      return;
+    }
+  }
+  if constexpr (kReadsMemory<Policy>) {
+    apply_rows<Walk::kBlockN>(walk.policy, s, s_coord, m0, n0);
+  } else if constexpr (kByRowLimit) {
+    apply_by_row_limit(walk.policy, acc, coord, m0, n0);
+  } else {
+    apply(walk.policy, acc, coord, m0, n0);
+  }
 }
 
 }  // namespace mask

@@ -45,12 +45,9 @@ inline SummaryShape summary_shape(const AttnFwdParams& p, int tile_m, int tile_n
 // Scratch the summary takes (0 without a mask), a multiple of 16 bytes so
 // that a workspace carved after it stays aligned.
 inline size_t summary_bytes(const AttnFwdParams& p, int tile_m, int tile_n) {
-  if (p.mask.values == nullptr) return 0;
+  if (!p.mask.in_memory()) return 0;
   return summary_shape(p, tile_m, tile_n).bytes();
 }
-
-// Whether a launcher runs the additive kernel (FromMemoryAdditive) for p's mask.
-inline bool additive(const AttnFwdParams& p) { return p.mask.values_type != MaskValues::kBool; }
 
 // Writes the summary for tiles of tile_m x tile_n (tile_n a multiple of 16)
 // into `scratch` (summary_bytes of it, 16-byte aligned) and points
@@ -82,14 +79,32 @@ TFB_HOST_DEVICE Policy from_memory(const AttnFwdParams& p, int b, int h, int len
 }
 
 // The policy a kernel built for Policy reads for batch b, query head h: the
-// is_causal band, or the mask in memory.
+// band, or the mask in memory.
 template <class Policy>
 TFB_HOST_DEVICE Policy policy_of(const AttnFwdParams& p, int b, int h, int len_q, int len_k) {
   if constexpr (kReadsMemory<Policy>) {
     return from_memory<Policy>(p, b, h, len_q, len_k);
   } else {
-    return causal_if(p.is_causal, p.mask.bottom_right, len_q, len_k);
+    return band_of(p.mask, len_q, len_k);
   }
+}
+
+// Every launcher's one way from the mask mode to a kernel: launch(policy,
+// params) with a Band (no mask, a band), or, for a mask in memory, after the
+// pre-pass has summarised it for tiles of tile_m x tile_n into scratch
+// (summary_bytes of it; zero: as summarize's), with FromMemory or
+// FromMemoryAdditive and params pointing at the summary. The policy is a
+// value-initialised tag: launch reads its type.
+template <class Params, class Launch>
+cudaError_t with_policy(const Params& p, int tile_m, int tile_n, void* scratch, cudaStream_t stream,
+                        Launch&& launch, int* zero = nullptr) {
+  if (!p.mask.in_memory()) return launch(Band{}, p);
+  if (scratch == nullptr) return cudaErrorInvalidValue;
+  Params summarised = p;
+  const cudaError_t err = summarize(summarised, tile_m, tile_n, scratch, stream, zero);
+  if (err != cudaSuccess) return err;
+  if (p.mask.mode == MaskMode::kAdditive) return launch(FromMemoryAdditive{}, summarised);
+  return launch(FromMemory{}, summarised);
 }
 
 }  // namespace mask

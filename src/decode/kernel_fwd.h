@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   const int row0 = blockIdx.x % rows.tiles() * kTileRows;  // this CTA's first row
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int len_q = p.seqlen_q(batch), len_k = p.seqlen_k(batch);
-  const auto band = mask::causal_if(p.is_causal, p.mask.bottom_right, len_q, len_k);
+  const auto band = mask::band_of(p.mask, len_q, len_k);
   const int split_begin = split * splits.chunk;
   const int last_row = min(row0 + kTileRows, rows.count) - 1;
   const int split_end = min(split_begin + splits.chunk, band.key_end(rows.position(last_row)));

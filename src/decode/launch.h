@@ -20,13 +20,12 @@ namespace tfb::decode {
 // Rows a CTA serves: the group's query heads times the query positions.
 inline int rows_per_kv_head(const AttnFwdParams& p) { return p.heads_q / p.heads_kv * p.len_q; }
 
-inline bool masked(const AttnFwdParams& p) { return p.mask.values != nullptr; }
+inline bool masked(const AttnFwdParams& p) { return p.mask.in_memory(); }
 
 inline bool fits(const AttnFwdParams& p) {
-  // Masks beyond attn_mask and is_causal (windows, a tile summary) are not read here.
-  const MaskArgs none{};
-  const bool mask_ok = p.mask.window_left == none.window_left &&
-                       p.mask.window_right == none.window_right && p.mask.tile_kinds == nullptr &&
+  // A band's left edge (a window) is not read here; the pre-pass's tile
+  // summary neither (the kernel reads attn_mask itself).
+  const bool mask_ok = (p.mask.mode != MaskMode::kBand || p.mask.window_left < 0) &&
                        (!masked(p) || p.len_k <= int64_t(kMaxSplits) * kMaxMaskedSplitKeys);
   return mask_ok && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 && p.len_q <= kMaxQueryLen &&
          p.len_k >= 1 && p.batch >= 1 &&
@@ -41,7 +40,7 @@ inline bool fits(const AttnFwdParams& p) {
 // that a cache's used part spreads over more SMs, measured slower: a second
 // wave of CTAs at 1K keys, 29 against 19 µs.)
 inline Splits splits_for(const AttnFwdParams& p) {
-  const int keys = mask::causal_if(p.is_causal, p.mask.bottom_right, p.len_q, p.len_k).key_end(p.len_q - 1);
+  const int keys = mask::band_of(p.mask, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
   const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim, masked(p));
   int64_t wanted = std::max<int64_t>(1, slots / ctas);

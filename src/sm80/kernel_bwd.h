@@ -13,7 +13,7 @@
 
 namespace tfb::sm80::bwd {
 
-// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
 template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
   using Element = typename Traits::Element;

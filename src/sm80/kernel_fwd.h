@@ -44,7 +44,7 @@ __noinline__ __device__ void fwd_tile_exact(AttnFwdParams const& p, char* smem, 
   fwd_tile<Traits, Policy, true>(p, smem, mask, m_block, head, batch);
 }
 
-// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
 template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__ const AttnFwdParams p) {
   extern __shared__ __align__(128) char smem[];
@@ -52,8 +52,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const typename FwdMainloop<Traits, Policy>::Mask mask{
       mask::policy_of<Policy>(p, batch, head, p.seqlen_q(batch), p.seqlen_k(batch))};
-  // Causal tiles further down see more keys; launching them first shortens the tail.
-  const int m_block = p.is_causal ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
+  // A band's tiles further down see more keys; launching them first shortens the tail.
+  const int m_block = p.mask.right_bounded() ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
   // The fast pass leaves rows whose scores reach 2^10 in exp2 units inexact;
   // if any did, the CTA starts over with the exact softmax. Such scores need
   // inputs near 1e5, so the second pass is there for correctness alone.

@@ -32,18 +32,15 @@ cudaError_t launch_main_with(const AttnBwdParams& params, const BwdWorkspace& ws
   return launch_convert_dq<Traits>(params, ws, stream);
 }
 
-// attn_mask: the pre-pass summarises it for these tiles into the workspace
-// past the accumulators (bwd_workspace_bytes), then the masked kernel runs.
+// The kernel for the params' mask mode (mask_summary.h with_policy; a mask
+// in memory is summarised into the workspace past the accumulators, bwd_workspace_bytes).
 template <class Traits>
 cudaError_t launch_main(const AttnBwdParams& params, const BwdWorkspace& ws, cudaStream_t stream) {
-  if (params.mask.values == nullptr) return launch_main_with<Traits, mask::CausalOrNone>(params, ws, stream);
-  if (params.is_causal) return cudaErrorInvalidValue;
-  AttnBwdParams masked = params;
   void* scratch = static_cast<char*>(params.workspace) + bwd_workspace_size(params);
-  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, scratch, stream);
-  if (err != cudaSuccess) return err;
-  if (mask::additive(params)) return launch_main_with<Traits, mask::FromMemoryAdditive>(masked, ws, stream);
-  return launch_main_with<Traits, mask::FromMemory>(masked, ws, stream);
+  return mask::with_policy(params, Traits::kBlockM, Traits::kBlockN, scratch, stream,
+                           [&](auto policy, const AttnBwdParams& p) {
+                             return launch_main_with<Traits, decltype(policy)>(p, ws, stream);
+                           });
 }
 
 }  // namespace bwd

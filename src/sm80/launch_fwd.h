@@ -27,8 +27,8 @@ cudaError_t launch_kernel(const AttnFwdParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// attn_mask: the pre-pass summarises it for this kernel's tiles into the
-// workspace (fwd_workspace_bytes), then the masked kernel runs.
+// The kernel for the params' mask mode (mask_summary.h with_policy; a mask
+// in memory is summarised for these tiles into the workspace, fwd_workspace_bytes).
 template <class Traits>
 cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
   if (params.head_dim != Traits::kHeadDim || params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
@@ -36,13 +36,10 @@ cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
       !HeadBatchGrid::fits(params.heads_q, params.batch)) {
     return cudaErrorInvalidValue;
   }
-  if (params.mask.values == nullptr) return launch_kernel<Traits, mask::CausalOrNone>(params, stream);
-  if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
-  AttnFwdParams masked = params;
-  const cudaError_t err = mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream);
-  if (err != cudaSuccess) return err;
-  if (mask::additive(params)) return launch_kernel<Traits, mask::FromMemoryAdditive>(masked, stream);
-  return launch_kernel<Traits, mask::FromMemory>(masked, stream);
+  return mask::with_policy(params, Traits::kBlockM, Traits::kBlockN, params.workspace, stream,
+                           [&](auto policy, const AttnFwdParams& p) {
+                             return launch_kernel<Traits, decltype(policy)>(p, stream);
+                           });
 }
 
 template <typename Element, int kHeadDim>

@@ -68,7 +68,7 @@ struct BwdBlock {
   }
 };
 
-// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory (FromMemory).
+// Policy: a band (mask.h Band) or a mask in memory (FromMemory, FromMemoryAdditive).
 template <class Traits, class Policy>
 struct BwdMainloop {
   using Element = typename Traits::Element;
@@ -202,18 +202,24 @@ struct BwdMainloop {
       const bool need_mask = mask.needs_predicate(cur.m_block, blk.n_block);
       Tensor prob = acc_rowcol(acc_s);
       // Masked tiles take their own unrolled pass, in which row r keeps the
-      // tile's columns [0, limit(r)): a branch per score (the obvious `if
+      // band's columns of the tile: a branch per score (the obvious `if
       // (hidden) x = 0`) splits the pass into basic blocks and serialises each
       // exp2 behind the one before.
-      auto exp_scores = [&](auto masked, auto limit) {
+      auto exp_scores = [&](auto masked) {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          const int col_end = limit(r);
+          int col_begin = 0, col_end = kN;
+          if constexpr (decltype(masked)::value && !mask::kReadsMemory<Policy>) {
+            const int row = m0 + get<0>(coord(r, 0));
+            col_begin = mask.policy.key_begin(row) - n0;
+            col_end = mask.policy.key_end(row) - n0;
+          }
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
             const float x = exp2f(fmaf(prob(r, c), p.scale_log2, -lse[r]));
             if constexpr (decltype(masked)::value) {
-              prob(r, c) = get<1>(coord(r, c)) < col_end ? x : 0.f;
+              const int col = get<1>(coord(r, c));
+              prob(r, c) = col < col_end && col >= col_begin ? x : 0.f;
             } else {
               prob(r, c) = x;
             }
@@ -221,22 +227,11 @@ struct BwdMainloop {
         }
       };
       if constexpr (mask::kReadsMemory<Policy>) {
-        const bool values = [&] {
-          if constexpr (mask::kAddsValues<Policy>) {
-            if (!need_mask) return false;
-            const mask::TileKind kind = mask.policy.kind(cur.m_block, blk.n_block);
-            if (kind == mask::TileKind::kAdditive) {
-              mask::add_values(mask.policy, prob, coord, m0, n0, mask.policy.values_scale, -INFINITY);
-            } else if (kind == mask::TileKind::kFloored) {
-              const float floored = -mask::kAdditiveLimit * mask.policy.values_scale;
-              mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, floored);
-            } else {
-              return false;
-            }
-            return true;
-          }
-          return false;
-        }();
+        bool values = false;
+        if constexpr (mask::kAddsValues<Policy>) {
+          values = need_mask && mask::apply_values<kN>(mask.policy, mask.policy.kind(cur.m_block, blk.n_block), prob,
+                                                       coord, m0, n0, mask.policy.values_scale);
+        }
         if (values) {
           // Additive and floored tiles: scale (q.k + value / scale) is scale
           // q.k + value whatever scale's sign. Pairs whose scaled logit is -inf
@@ -254,15 +249,15 @@ struct BwdMainloop {
         } else if (need_mask) {
           // Mixed tiles: P of the scores the mask hides becomes 0 (after the
           // exp2: a hidden score of -inf times a negative scale would give inf).
-          exp_scores(cute::false_type{}, [](int) { return kN; });
+          exp_scores(cute::false_type{});
           mask::apply_rows<kN>(mask.policy, prob, coord, m0, n0, 0.f, 0.f);
         } else {
-          exp_scores(cute::false_type{}, [](int) { return kN; });
+          exp_scores(cute::false_type{});
         }
       } else if (need_mask) {
-        exp_scores(cute::true_type{}, [&](int r) { return mask.policy.key_end(m0 + get<0>(coord(r, 0))) - n0; });
+        exp_scores(cute::true_type{});
       } else {
-        exp_scores(cute::false_type{}, [](int) { return kN; });
+        exp_scores(cute::false_type{});
       }
       store_frag(acc_s, smem + Traits::kOffP);
 

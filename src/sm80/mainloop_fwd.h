@@ -14,7 +14,7 @@
 namespace tfb {
 namespace sm80 {
 
-// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory
+// Policy: a band (mask.h Band) or a mask in memory
 // (FromMemory), whose hidden tiles the walk skips.
 template <class Traits, class Policy>
 struct FwdMainloop {
@@ -142,21 +142,7 @@ struct FwdMainloop {
       if (flip) negate_scores(acc_s);
       Tensor s = acc_rowcol(acc_s);
       if (mask.needs_predicate(m_block, n_block)) {
-        if constexpr (mask::kAddsValues<Policy>) {
-          // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
-          const float inv_scale = fabsf(mask.policy.values_scale);
-          const mask::TileKind kind = mask.policy.kind(m_block, n_block);
-          if (kind == mask::TileKind::kAdditive) {
-            mask::add_values(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN, inv_scale, -INFINITY);
-          } else {
-            const float floored = kind == mask::TileKind::kFloored ? -mask::kAdditiveLimit * inv_scale : -INFINITY;
-            mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN, floored);
-          }
-        } else if constexpr (mask::kReadsMemory<Policy>) {
-          mask::apply_rows<kBlockN>(mask.policy, s, acc_rowcol(tScS), m0, n_block * kBlockN);
-        } else {
-          mask::apply(mask.policy, acc_s, tScS, m0, n_block * kBlockN);
-        }
+        mask::mask_scores<false>(mask, acc_s, tScS, s, acc_rowcol(tScS), m_block, n_block);
       }
       // With two stages V[n_block] is already on its way: do the softmax while it lands.
       if constexpr (kStages == 2) inexact |= softmax.template update_rows<kExact>(s, o, scale_log2);

@@ -108,7 +108,7 @@ namespace sm90 {
 // host's checks already allow. It reads a boolean attn_mask, not an additive
 // one (the registry's additive_masks; sm80's backward serves those).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return can_run_fwd(p) && aligned(p.dout) && (p.mask.values == nullptr || !mask::additive(p)) &&
+  return can_run_fwd(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 

@@ -41,7 +41,7 @@ struct BwdKernelParams {
   }
 };
 
-// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (a boolean attn_mask).
+// Policy: mask.h Band or FromMemory (a boolean attn_mask; mask_summary.h with_policy).
 template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy> const p) {

@@ -37,7 +37,7 @@ struct FwdKernelParams {
   CUTE_DEVICE decltype(auto) mask(int batch, int head) const { return walk_of(uniform_mask, mask_args, batch, head); }
 };
 
-// Policy: mask.h CausalOrNone (is_causal or nothing) or FromMemory (attn_mask).
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
 template <class Traits, class Policy>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy> const p) {

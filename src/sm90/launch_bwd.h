@@ -32,7 +32,7 @@ TileShape bwd_tile() {
   return {Traits::kBlockM, Traits::kBlockN};
 }
 
-// Policy: mask.h CausalOrNone, or FromMemory for attn_mask (whose summary
+// Policy: mask.h Band, or FromMemory for a boolean attn_mask (whose summary
 // `a` then points at: launch_bwd runs the pre-pass).
 template <class Traits, class Policy>
 cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cudaStream_t stream) {
@@ -96,18 +96,20 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
       a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
     return cudaErrorInvalidValue;
   }
-  const bool masked = a.mask.values != nullptr;
-  if (masked && (a.is_causal || a.workspace == nullptr)) return cudaErrorInvalidValue;
   const BwdWorkspace ws = carve_bwd_workspace(a);
-  cudaError_t err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
+  const cudaError_t err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
   if (err != cudaSuccess) return err;
-  if (!masked) return launch_bwd_with<Traits, mask::CausalOrNone>(a, ws, stream);
-  // The summary goes past the accumulators (bwd_workspace_bytes).
-  AttnBwdParams masked_params = a;
+  // A mask in memory's summary goes past the accumulators (bwd_workspace_bytes).
   void* scratch = static_cast<char*>(a.workspace) + bwd_workspace_size(a);
-  err = mask::summarize(masked_params, Traits::kBlockM, Traits::kBlockN, scratch, stream);
-  if (err != cudaSuccess) return err;
-  return launch_bwd_with<Traits, mask::FromMemory>(masked_params, ws, stream);
+  return mask::with_policy(a, Traits::kBlockM, Traits::kBlockN, scratch, stream,
+                           [&](auto policy, const AttnBwdParams& p) {
+                             using Policy = decltype(policy);
+                             if constexpr (mask::kAddsValues<Policy>) {
+                               return cudaErrorInvalidValue;
+                             } else {
+                               return launch_bwd_with<Traits, Policy>(p, ws, stream);
+                             }
+                           });
 }
 
 }  // namespace sm90

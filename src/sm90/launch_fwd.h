@@ -39,9 +39,9 @@ auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride
 
 }  // namespace detail
 
-// Policy: mask.h CausalOrNone, or FromMemory for attn_mask (whose summary
-// `a` then points at, and next_unit at the dynamic scheduler's counter, zero:
-// launch_fwd runs the pre-pass).
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h
+// with_policy: for a mask in memory `a` points at its summary, and next_unit
+// at the dynamic scheduler's counter, which the pre-pass zeroes).
 template <class Traits, class Policy>
 cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr) {
   using Element = typename Traits::Element;
@@ -83,7 +83,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
        mO.shape(), a.lse, a.len_q, a.heads_q},
-      {int(m_blocks), a.heads_q, a.batch, a.is_causal, next_unit},
+      {int(m_blocks), a.heads_q, a.batch, a.mask.right_bounded(), next_unit},
       a.len_q,
       uniform_walk<typename FwdKernelParams<Traits, Policy>::Mask>(a),
       a.mask,
@@ -101,29 +101,28 @@ TileShape fwd_tile() {
   return {Traits::kBlockM, Traits::kBlockN};
 }
 
-// attn_mask: the pre-pass summarises it for the kernel's tiles into the
-// workspace (fwd_workspace_bytes), then the masked kernel runs.
+// The kernel for the params' mask mode (mask_summary.h with_policy; a mask
+// in memory is summarised for Traits's tiles into the workspace, fwd_workspace_bytes).
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   using Config = FwdConfig<Element, kHeadDim>;
   using Traits = typename Config::Traits;
-  if (params.mask.values != nullptr) {
-    if (params.workspace == nullptr || params.is_causal) return cudaErrorInvalidValue;
-    AttnFwdParams masked = params;
-    int* next_unit = reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
-                                            mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN));
-    const cudaError_t err =
-        mask::summarize(masked, Traits::kBlockM, Traits::kBlockN, params.workspace, stream, next_unit);
-    if (err != cudaSuccess) return err;
-    if (mask::additive(params)) return launch_fwd_with<Traits, mask::FromMemoryAdditive>(masked, stream, next_unit);
-    return launch_fwd_with<Traits, mask::FromMemory>(masked, stream, next_unit);
-  }
-  if constexpr (!std::is_void_v<typename Config::ShortCausalTraits>) {
-    if (params.is_causal && params.len_q <= Config::kShortCausalMaxLen) {
-      return launch_fwd_with<typename Config::ShortCausalTraits, mask::CausalOrNone>(params, stream);
-    }
-  }
-  return launch_fwd_with<Traits, mask::CausalOrNone>(params, stream);
+  int* next_unit = params.mask.in_memory()
+                       ? reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
+                                                mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN))
+                       : nullptr;
+  return mask::with_policy(
+      params, Traits::kBlockM, Traits::kBlockN, params.workspace, stream,
+      [&](auto policy, const AttnFwdParams& p) {
+        using Policy = decltype(policy);
+        if constexpr (!mask::kReadsMemory<Policy> && !std::is_void_v<typename Config::ShortCausalTraits>) {
+          if (p.mask.right_bounded() && p.len_q <= Config::kShortCausalMaxLen) {
+            return launch_fwd_with<typename Config::ShortCausalTraits, Policy>(p, stream);
+          }
+        }
+        return launch_fwd_with<Traits, Policy>(p, stream, next_unit);
+      },
+      next_unit);
 }
 
 }  // namespace sm90

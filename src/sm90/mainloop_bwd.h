@@ -58,9 +58,9 @@ CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
                : "memory");
 }
 
-// Policy: the band of is_causal (mask.h CausalOrNone) or a boolean mask in
+// Policy: a band (mask.h Band) or a boolean mask in
 // memory (FromMemory), whose hidden tiles both roles skip.
-template <class Traits, class Policy = mask::CausalOrNone>
+template <class Traits, class Policy = mask::Band>
 struct BwdMainloop {
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::Pipeline;
@@ -286,11 +286,13 @@ struct BwdMainloop {
       for (int c = 0; c < kCols; ++c) {
         const int col = q0 + get<1>(coord(0, c));
         const float l = lse[col];
-        const int key_end = mask.policy.key_end(m_block * kBlockM + col) - key_base;
+        const int row = m_block * kBlockM + col;
+        const int key_begin = mask.policy.key_begin(row) - key_base, key_end = mask.policy.key_end(row) - key_base;
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const float x = exp2f(fmaf(s(r, c), scale_log2, -l));
-          s(r, c) = get<0>(coord(r, c)) < key_end ? x : 0.f;
+          const int key = get<0>(coord(r, c));
+          s(r, c) = key < key_end && key >= key_begin ? x : 0.f;
         }
       }
     } else {

@@ -34,7 +34,7 @@ enum class Barrier : int {
   kWarpgroupTurn = 4  // + consumer warpgroup index: whose turn it is to issue Q K^T
 };
 
-// Policy: the band of is_causal (mask.h CausalOrNone) or a mask in memory
+// Policy: a band (mask.h Band) or a mask in memory
 // (FromMemory), whose hidden key tiles both roles skip alike.
 template <class Traits, class Policy>
 struct FwdMainloop {
@@ -71,12 +71,14 @@ struct FwdMainloop {
     };
     Mask const& mask;
     int m_block, top;
+    int bottom;  // a band's first key tile (its left edge); 0 for a mask in memory
     KindCursor<kWarp, KindAt> kinds;
 
     CUTE_DEVICE KeyWalk(Mask const& mask_, int m_block_)
         : mask(mask_),
           m_block(m_block_),
           top(mask_.n_blocks(m_block_).end - 1),
+          bottom(kReadsMemory ? 0 : mask_.n_blocks(m_block_).begin),
           kinds(KindAt{mask_, m_block_, top}, top + 1) {}
 
     // The first key tile: the last visited, or tile 0 where none is (whose
@@ -105,8 +107,8 @@ struct FwdMainloop {
         predicate = i > top || kinds.partial_at(i);
         return top - i;
       } else {
-        predicate = n > 0 && mask.needs_predicate(m_block, n - 1);
-        return n - 1;
+        predicate = n > bottom && mask.needs_predicate(m_block, n - 1);
+        return n > bottom ? n - 1 : -1;
       }
     }
   };
@@ -218,25 +220,8 @@ struct FwdMainloop {
     auto mask_scores = [&](auto& acc_s, int n_block, bool predicate) {
       if (flip) negate_scores(acc_s);
       if (mask::kReadsMemory<Policy> ? predicate : mask.needs_predicate(m_block, n_block)) {
-        if constexpr (mask::kAddsValues<Policy>) {
-          Tensor s = acc_rowcol(acc_s);
-          Tensor coord = acc_rowcol(tScS);
-          // After the flip: |scale| times the flipped score plus value / |scale| is scale q.k + value.
-          const float inv_scale = fabsf(mask.policy.values_scale);
-          const mask::TileKind kind = mask.policy.kind(m_block, n_block);
-          if (kind == mask::TileKind::kAdditive) {
-            mask::add_values(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN, inv_scale, -INFINITY);
-          } else {
-            const float floored = kind == mask::TileKind::kFloored ? -mask::kAdditiveLimit * inv_scale : -INFINITY;
-            mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN, floored);
-          }
-        } else if constexpr (mask::kReadsMemory<Policy>) {
-          Tensor s = acc_rowcol(acc_s);
-          Tensor coord = acc_rowcol(tScS);
-          mask::apply_rows<kBlockN>(mask.policy, s, coord, m_block * kBlockM, n_block * kBlockN);
-        } else {
-          mask::apply_by_row_limit(mask.policy, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
-        }
+        Tensor s = acc_rowcol(acc_s);
+        mask::mask_scores<true>(mask, acc_s, tScS, s, acc_rowcol(tScS), m_block, n_block);
       }
     };
 

@@ -1,5 +1,5 @@
 // The mask walk (common/mask.h TileWalk) an sm90 kernel reads: the family
-// serves uniform lengths alone, so the band of is_causal is built once on the
+// serves uniform lengths alone, so the band is built once on the
 // host and read from the constant bank (built per tile from the lengths, it
 // kept more registers live through the forward's mainloop: 2-3.5% at head dim
 // 128); a mask in memory differs per (batch, query head), so its walk is
@@ -24,7 +24,7 @@ Walk uniform_walk(const AttnFwdParams& a) {
     walk.policy.len_q = a.len_q;
     walk.policy.len_k = a.len_k;
   } else {
-    walk = Walk{mask::causal_if(a.is_causal, a.mask.bottom_right, a.len_q, a.len_k)};
+    walk = Walk{mask::band_of(a.mask, a.len_q, a.len_k)};
   }
   return walk;
 }

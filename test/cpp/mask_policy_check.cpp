@@ -41,6 +41,12 @@ void check(Policy const& policy, Rule rule) {
       const auto rows = walk.m_blocks(n);
       if (seen > 0 && !(m >= rows.begin && m < rows.end)) fail("m_blocks misses a tile with a visible pair", lq, lk, m, n);
     }
+    // The forward walks go down from the range's last tile with
+    // visited_at_or_below, which ends below its first.
+    for (int n = range.end - 1; n >= range.begin - 1; --n) {
+      const bool inside = n >= range.begin && n >= 0;
+      if (walk.visited_at_or_below(m, n) != (inside ? n : -1)) fail("visited_at_or_below", lq, lk, m, n);
+    }
     // The range is tight at its ends: its first and last tiles hold a visible pair.
     for (int n : {range.begin, range.end - 1}) {
       if (range.end <= range.begin) break;
@@ -53,23 +59,35 @@ void check(Policy const& policy, Rule rule) {
   }
 }
 
+// The band MaskArgs describe (params.h), through band_of, the one reading of it.
+tfb::mask::Band band(int lq, int lk, tfb::MaskMode mode, int left = -1, int right = -1, bool bottom_right = false) {
+  tfb::MaskArgs m;
+  m.mode = mode;
+  m.window_left = left;
+  m.window_right = right;
+  m.bottom_right = bottom_right;
+  return tfb::mask::band_of(m, lq, lk);
+}
+
 template <int kBlockM, int kBlockN>
 void check_shapes() {
-  namespace mk = tfb::mask;
+  using tfb::MaskMode;
   const int lens[] = {1, 2, 7, 16, 17, 33, 64, 100, 129};
   for (int lq : lens) {
     for (int lk : lens) {
-      check<kBlockM, kBlockN>(mk::no_mask(lq, lk), [](int, int) { return true; });
-      check<kBlockM, kBlockN>(mk::causal_top_left(lq, lk), [](int i, int j) { return j <= i; });
-      check<kBlockM, kBlockN>(mk::causal_bottom_right(lq, lk), [=](int i, int j) { return j <= i + lk - lq; });
-      for (int left : {0, 1, 5, 40, mk::kUnbounded}) {
-        for (int right : {0, 3, mk::kUnbounded}) {
-          for (int diag : {0, lk - lq, -3, 9}) {
+      check<kBlockM, kBlockN>(band(lq, lk, MaskMode::kNone), [](int, int) { return true; });
+      // A mask in memory's mode leaves every key in range (its tiles say the rest).
+      check<kBlockM, kBlockN>(band(lq, lk, MaskMode::kBool, 3, 0), [](int, int) { return true; });
+      check<kBlockM, kBlockN>(band(lq, lk, MaskMode::kBand, -1, 0), [](int i, int j) { return j <= i; });
+      check<kBlockM, kBlockN>(band(lq, lk, MaskMode::kBand, -1, 0, true), [=](int i, int j) { return j <= i + lk - lq; });
+      for (int left : {0, 1, 5, 40, -1}) {
+        for (int right : {0, 3, -1}) {
+          for (bool bottom_right : {false, true}) {
+            const int diag = bottom_right ? lk - lq : 0;
             const auto rule = [=](int i, int j) {
-              return (left == mk::kUnbounded || j >= i + diag - left) &&
-                     (right == mk::kUnbounded || j <= i + diag + right);
+              return (left < 0 || j >= i + diag - left) && (right < 0 || j <= i + diag + right);
             };
-            check<kBlockM, kBlockN>(mk::sliding_window(lq, lk, left, right, diag), rule);
+            check<kBlockM, kBlockN>(band(lq, lk, MaskMode::kBand, left, right, bottom_right), rule);
           }
         }
       }
