@@ -5,8 +5,7 @@
 // its (B, H, L, E) view, the layout FlashAttention-style kernels write fastest
 // and the one Hugging Face models transpose back into without a copy. lse is a
 // contiguous (B, H, L) float32 tensor. The fake kernels return the same strides.
-#include <iomanip>
-#include <sstream>
+#include <cstdio>
 #include <utility>
 #include <string>
 #include <vector>
@@ -43,9 +42,11 @@ std::vector<std::string> constants() {
   };
   std::vector<std::string> lines;
   for (const auto& [name, value] : values) {
-    std::ostringstream line;
-    line << name << '=' << std::setprecision(17) << value;
-    lines.push_back(line.str());
+    // snprintf, not an ostringstream: a library built with a newer g++ than the
+    // libstdc++ it loads beside crashed in the stream's locale code.
+    char line[64];
+    std::snprintf(line, sizeof(line), "%s=%.17g", name, value);
+    lines.emplace_back(line);
   }
   return lines;
 }

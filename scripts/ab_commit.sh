@@ -7,6 +7,10 @@
 # times both with benchmarks/bench_sdpa.py, in turns. Logs under $OUT.
 #
 #   BASE_TAR=.carry/base.tar AB_ARGS="--head-dims 64,128 --lens 4096 --modes fwd,fwdbwd" bash scripts/ab_commit.sh
+#
+# BASE_LIB: the other commit's library built elsewhere against the same torch
+# (then carried; it skips the build here, minutes of device time); the tarball
+# then needs its torch_flash_backend/_built_for.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -15,15 +19,22 @@ mkdir -p "$OUT" /tmp/ab/base
 if ls .whl/*.whl >/dev/null 2>&1; then  # nvidia-cutlass for the build, as scripts/gpu_check.sh
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/site
 fi
-echo "== $(date +%T) build of $BASE_TAR"
 tar -xf "$BASE_TAR" -C /tmp/ab/base
-start=$(date +%s)
-(cd /tmp/ab/base && CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace) \
-  >"$OUT/ab_base_build.log" 2>&1 || { tail -40 "$OUT/ab_base_build.log"; exit 1; }
-echo "built in $(( $(date +%s) - start )) s"
-echo "== $(date +%T) machine code, kernel by kernel"
-python3 scripts/sass_diff.py /tmp/ab/base/torch_flash_backend/lib/libtorch_flash_backend.so \
-  torch_flash_backend/lib/libtorch_flash_backend.so | tee "$OUT/sass_diff.md" | tail -30
+if [[ -n "${BASE_LIB:-}" ]]; then
+  echo "== $(date +%T) $BASE_TAR with the library $BASE_LIB"
+  mkdir -p /tmp/ab/base/torch_flash_backend/lib && cp "$BASE_LIB" /tmp/ab/base/torch_flash_backend/lib/libtorch_flash_backend.so
+else
+  echo "== $(date +%T) build of $BASE_TAR"
+  start=$(date +%s)
+  (cd /tmp/ab/base && CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} python3 setup.py build_ext --inplace) \
+    >"$OUT/ab_base_build.log" 2>&1 || { tail -40 "$OUT/ab_base_build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s"
+fi
+if [[ ${SASS:-1} != 0 ]]; then  # SASS=0 skips it (~100 s)
+  echo "== $(date +%T) machine code, kernel by kernel"
+  python3 scripts/sass_diff.py /tmp/ab/base/torch_flash_backend/lib/libtorch_flash_backend.so \
+    torch_flash_backend/lib/libtorch_flash_backend.so | tee "$OUT/sass_diff.md" | tail -30
+fi
 # Each tree runs its own package with its own library (the two may differ in
 # the ops' interface, which swapping libraries alone would trip on).
 ROUNDS=${ROUNDS:-2}
@@ -33,8 +44,9 @@ if [[ -n "${AB_ARGS:-}" ]]; then
     for tree in /tmp/ab/base "$PWD"; do
       name=$([[ $tree == /tmp/ab/base ]] && echo base || echo new)
       # shellcheck disable=SC2086
-      (cd "$tree" && PYTHONPATH=$tree:${PYTHONPATH:-} python3 benchmarks/bench_sdpa.py $AB_ARGS 2>&1) \
-        | { grep '^| fwd' || echo "(no rows: $name)"; } | sed "s|^|$name r$round |"
+      (cd "$tree" && PYTHONPATH=$tree:${PYTHONPATH:-} python3 benchmarks/bench_sdpa.py $AB_ARGS >"$OUT/ab_$name.log" 2>&1)
+      { grep "^| fwd" "$OUT/ab_$name.log" || { echo "(no rows: $name)"; tail -5 "$OUT/ab_$name.log"; }; } \
+        | sed "s|^|$name r$round |"
     done
   done | tee "$OUT/ab.md"
 fi

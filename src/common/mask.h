@@ -56,6 +56,7 @@ struct Band {
   int hi = kUnbounded;
 
   TFB_HOST_DEVICE bool right_bounded() const { return hi < kUnbounded; }
+  TFB_HOST_DEVICE bool left_bounded() const { return lo > -kUnbounded; }
   TFB_HOST_DEVICE int key_begin(int i) const {
     const int j = i + lo;
     return j < 0 ? 0 : j > len_k ? len_k : j;
@@ -224,14 +225,56 @@ struct TileWalk {
     }
   }
 
+  // What a forward walk reads at each step of query tile m_block, computed
+  // once per tile, so that a band's edges stay out of the mainloop's every
+  // step (the sm90 forward's KeyWalk). Its key
+  // tiles [first, end), and of a band the tiles [clear_begin, clear_end) that
+  // hold no hidden pair: every row of the tile sees all their keys.
+  struct Steps {
+    int first, end;
+    int clear_begin, clear_end;
+  };
+  TFB_HOST_DEVICE Steps steps(int m_block) const {
+    const Range r = n_blocks(m_block);
+    if constexpr (kReadsMemory<Policy>) {
+      return {r.begin, r.end, 0, 0};
+    } else {
+      // Band edges move right as rows go down: the last row starts latest,
+      // the first ends earliest.
+      const int lo = policy.key_begin(last_row(m_block)), hi = policy.key_end(m_block * kBlockM);
+      return {r.begin, r.end, (lo + kBlockN - 1) / kBlockN, hi / kBlockN};
+    }
+  }
+  // needs_predicate, from the tile's steps.
+  TFB_HOST_DEVICE bool needs_predicate(Steps const& s, int m_block, int n_block) const {
+    if constexpr (kReadsMemory<Policy>) {
+      return needs_predicate(m_block, n_block);
+    } else {
+      return n_block < s.clear_begin || n_block >= s.clear_end;
+    }
+  }
+
   // The last key tile at or below n_block that query tile m_block visits
-  // (-1: none): below the range's first (a band's left edge) there is none.
+  // (-1: none): a mask's hidden tiles are skipped; below the range's first
+  // (a band's left edge) there is none. Two forms of one walk, each where it
+  // measured faster: per step (the sm80 forward: with steps() its unmasked
+  // head dim 64 rows ran 13% slower) and from the tile's steps (the sm90
+  // forward: per step cost its bands 2-4%); mask_policy_check.cpp checks
+  // that they agree.
   TFB_HOST_DEVICE int visited_at_or_below(int m_block, int n_block) const {
     if constexpr (kReadsMemory<Policy>) {
       while (n_block >= 0 && skipped(m_block, n_block)) --n_block;
       return n_block;
     } else {
       return n_block >= n_blocks(m_block).begin ? n_block : -1;
+    }
+  }
+  TFB_HOST_DEVICE int visited_at_or_below(Steps const& s, int m_block, int n_block) const {
+    if constexpr (kReadsMemory<Policy>) {
+      while (n_block >= 0 && skipped(m_block, n_block)) --n_block;
+      return n_block;
+    } else {
+      return n_block >= s.first ? n_block : -1;
     }
   }
 };

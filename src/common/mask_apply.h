@@ -31,7 +31,9 @@ CUTE_DEVICE void apply(Policy const& band, Acc& acc, Coord const& coord, int m0,
     const int col = cute::get<1>(coord(i));
     // The band's edges are read here, in the loop, on purpose: read once
     // above it, they let ptxas predicate this whole pass into every tile of
-    // the sm80 forward (its head dim 64 rows 18% slower).
+    // the sm80 forward (its head dim 64 rows 18% slower). (Both edges as one
+    // unsigned compare, (k - i - lo) < hi - lo, spilled less but ran the
+    // unmasked head dim 64 forward 13% slower: benchmarks/history/2026-11-27-mask-mode.md.)
     const bool hidden =
         col >= col_limit || (band.right_bounded() && n0 + col >= row + band.hi) || n0 + col < row + band.lo;
     // A select: written as `if (hidden) acc(i) = -inf`, the sm90 forward got

@@ -70,15 +70,16 @@ struct FwdMainloop {
       CUTE_DEVICE mask::TileKind operator()(int i) const { return mask.policy.kind(m_block, top - i); }
     };
     Mask const& mask;
-    int m_block, top;
-    int bottom;  // a band's first key tile (its left edge); 0 for a mask in memory
+    int m_block;
+    typename Mask::Steps steps;  // a band's range and clear tiles (mask.h TileWalk::steps)
+    int top;
     KindCursor<kWarp, KindAt> kinds;
 
     CUTE_DEVICE KeyWalk(Mask const& mask_, int m_block_)
         : mask(mask_),
           m_block(m_block_),
-          top(mask_.n_blocks(m_block_).end - 1),
-          bottom(kReadsMemory ? 0 : mask_.n_blocks(m_block_).begin),
+          steps(mask_.steps(m_block_)),
+          top(steps.end - 1),
           kinds(KindAt{mask_, m_block_, top}, top + 1) {}
 
     // The first key tile: the last visited, or tile 0 where none is (whose
@@ -95,8 +96,8 @@ struct FwdMainloop {
         predicate = kinds.partial_at(i) || (i == 0 && mask.past_len_k(top));
         return top - i;
       } else {
-        const int n = mask.visited_at_or_below(m_block, top);
-        predicate = mask.needs_predicate(m_block, n < 0 ? 0 : n);
+        const int n = mask.visited_at_or_below(steps, m_block, top);
+        predicate = n < 0 || mask.needs_predicate(steps, m_block, n);
         return n < 0 ? 0 : n;
       }
     }
@@ -107,8 +108,9 @@ struct FwdMainloop {
         predicate = i > top || kinds.partial_at(i);
         return top - i;
       } else {
-        predicate = n > bottom && mask.needs_predicate(m_block, n - 1);
-        return n > bottom ? n - 1 : -1;
+        const int next = mask.visited_at_or_below(steps, m_block, n - 1);
+        predicate = next >= 0 && mask.needs_predicate(steps, m_block, next);
+        return next;
       }
     }
   };
@@ -216,10 +218,10 @@ struct FwdMainloop {
         if (last && thread_idx % 128 == 0) shared.q_free.arrive();
       }
     };
-    // predicate: the walk's, for a mask in memory (a band computes its own).
+    // predicate: the walk's (KeyWalk::first, below).
     auto mask_scores = [&](auto& acc_s, int n_block, bool predicate) {
       if (flip) negate_scores(acc_s);
-      if (mask::kReadsMemory<Policy> ? predicate : mask.needs_predicate(m_block, n_block)) {
+      if (predicate) {
         Tensor s = acc_rowcol(acc_s);
         mask::mask_scores<true>(mask, acc_s, tScS, s, acc_rowcol(tScS), m_block, n_block);
       }

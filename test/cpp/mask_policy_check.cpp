@@ -28,6 +28,8 @@ void check(Policy const& policy, Rule rule) {
   }
   for (int m = 0; m < walk.num_m_blocks(); ++m) {
     const auto range = walk.n_blocks(m);
+    const auto steps = walk.steps(m);
+    if (steps.first != range.begin || steps.end != range.end) fail("steps' range", lq, lk, m, 0);
     for (int n = 0; n < walk.num_n_blocks(); ++n) {
       int seen = 0, hidden = 0;
       for (int i = m * kBlockM; i < (m + 1) * kBlockM && i < lq; ++i) {
@@ -38,6 +40,10 @@ void check(Policy const& policy, Rule rule) {
       const bool in_range = n >= range.begin && n < range.end;
       if (seen > 0 && !in_range) fail("n_blocks misses a tile with a visible pair", lq, lk, m, n);
       if (in_range && seen > 0 && hidden > 0 && !walk.needs_predicate(m, n)) fail("needs_predicate", lq, lk, m, n);
+      // The forward's per-tile form agrees with the per-step one.
+      if (in_range && walk.needs_predicate(steps, m, n) != walk.needs_predicate(m, n)) {
+        fail("needs_predicate from steps", lq, lk, m, n);
+      }
       const auto rows = walk.m_blocks(n);
       if (seen > 0 && !(m >= rows.begin && m < rows.end)) fail("m_blocks misses a tile with a visible pair", lq, lk, m, n);
     }
@@ -45,7 +51,8 @@ void check(Policy const& policy, Rule rule) {
     // visited_at_or_below, which ends below its first.
     for (int n = range.end - 1; n >= range.begin - 1; --n) {
       const bool inside = n >= range.begin && n >= 0;
-      if (walk.visited_at_or_below(m, n) != (inside ? n : -1)) fail("visited_at_or_below", lq, lk, m, n);
+      if (walk.visited_at_or_below(steps, m, n) != (inside ? n : -1)) fail("visited_at_or_below", lq, lk, m, n);
+      if (walk.visited_at_or_below(m, n) != (inside ? n : -1)) fail("visited_at_or_below per step", lq, lk, m, n);
     }
     // The range is tight at its ends: its first and last tiles hold a visible pair.
     for (int n : {range.begin, range.end - 1}) {
