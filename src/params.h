@@ -38,8 +38,8 @@ struct SeqLens {
 // additive float (-inf hides) in one of these types.
 enum class MaskValues : uint8_t { kBool = 0, kFloat16 = 1, kBFloat16 = 2, kFloat32 = 3 };
 
-// Which pairs take part (common/mask.h band_of and policy_of read it, and
-// nothing else does): every pair; a band of keys around each row's diagonal
+// Which pairs take part (kernels read it through common/mask.h band_of and
+// common/mask_summary.h with_policy; launch checks read the mode): every pair; a band of keys around each row's diagonal
 // (SDPA's is_causal, causal_lower_right, FlashAttention's window_size); or a
 // mask in memory, boolean or additive (values_type), with its tile summary.
 enum class MaskMode : uint8_t { kNone = 0, kBand = 1, kBool = 2, kAdditive = 3 };
