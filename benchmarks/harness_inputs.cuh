@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
+#include "harness_causal.h"
 #include "params.h"
 
 using bf = cutlass::bfloat16_t;
@@ -42,7 +43,7 @@ tfb::AttnFwdParams make(int B, int H, int L, int E, bool causal, bf** o) {
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = E;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * E;
   p.batch = B; p.heads_q = p.heads_kv = H; p.len_q = p.len_k = L; p.head_dim = E;
-  p.scale = 1.f / std::sqrt(float(E)); p.scale_log2 = p.scale * 1.4426950408889634f; p.is_causal = causal;
+  p.scale = 1.f / std::sqrt(float(E)); p.scale_log2 = p.scale * 1.4426950408889634f; set_causal(p, causal);
   cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0);
   return p;
 }
