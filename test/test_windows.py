@@ -132,6 +132,15 @@ def test_bad_windows_raise_naming_the_argument():
         fq = torch.empty(1, 1, 8, 16)
         with pytest.raises(ValueError, match="window_left"):
             ops.fwd(fq, fq, fq, window_left=-2)
+    # The router reads the same rule (the provider hands it PyTorch's window_size).
+    from torch_flash_backend import _router
+    with FakeTensorMode(), testing.pretend_cuda():
+        cq = torch.empty(1, 1, 64, 64, dtype=torch.bfloat16, device="cuda")
+        assert _router.decide(cq, cq, cq, window=(16, 0)).served
+        with pytest.raises(ValueError, match="window_right"):
+            _router.decide(cq, cq, cq, window=(16, -3))
+        with pytest.raises(ValueError, match="attn_mask cannot be combined"):
+            _router.decide(cq, cq, cq, torch.ones(64, 64, dtype=torch.bool, device="cuda"), window=(16, 0))
 
 
 @pytest.mark.gpu

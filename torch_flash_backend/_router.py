@@ -16,7 +16,7 @@ import threading
 import torch
 
 from . import _checks
-from ._checks import check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
+from ._checks import check_band, check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
 from ._library import align_bytes, built_kernel_set, family_limits
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
@@ -231,7 +231,8 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     serves as it serves top-left. window: (left, right) keys of a sliding
     window about the diagonal, -1 opening a side (PyTorch's flash ops'
     window_size; the ops' window_left / window_right). Raises
-    (check_sdpa_args) for arguments PyTorch's SDPA would reject too.
+    (check_sdpa_args) for arguments PyTorch's SDPA would reject too, and
+    (check_band) for a window the ops would reject.
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad). A call whose metadata and settings were decided before gets
     that decision back (the decision reads nothing else; scale never changes it).
@@ -270,10 +271,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     if device.type != "cuda" and not on_cpu:
         return _fallback(f"device type {device.type} is not CUDA")
     masked = attn_mask is not None
-    if masked and window != (-1, -1):
-        return _fallback("attn_mask with a window: the kernels read one or the other")
-    if min(window) < -1:
-        return _fallback(f"window {window}: each side is -1 (open) or a number of keys")
+    check_band(attn_mask, False, *window)  # the ops' rule for a window (is_causal: SDPA's, above)
     if masked:
         why = _mask_problem(attn_mask, q, k, is_causal, scale)
         if why is not None:
