@@ -113,7 +113,9 @@ def runner(backend, q, k, v, mask, kind, mode):
             if kind != "window":
                 raise RuntimeError(f"{backend}: the window row only")
             if backend == "ours-band":
-                return torch.ops.torch_flash_backend.fwd(q, k, v, None, True, window_left=WINDOW - 1)[0]
+                chosen = tfb._router.decide(q, k, v, is_causal=True, window=(WINDOW - 1, -1), pinned=True)
+                return torch.ops.torch_flash_backend.fwd(q, k, v, None, True, chosen.family, chosen.backward_family,
+                                                         window_left=WINDOW - 1)[0]
             blhe = [t.transpose(1, 2) for t in (q, k, v)]
             length = q.size(2)
             return torch.ops.aten._flash_attention_forward(

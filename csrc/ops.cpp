@@ -66,8 +66,8 @@ std::vector<std::string> built_kernels() {
 TORCH_LIBRARY(torch_flash_backend, m) {
   // family: the kernel family that runs the call ("sm90", "sm80"; "cpu" on
   // CPU), as the router chose it; its instantiation for the call's dtype and
-  // head dim runs. None: the registry's first family that can run the call
-  // (csrc/cuda/families.h). The forward carries the backward's choice too, for
+  // head dim runs; the CUDA ops raise without one (csrc/cuda/families.h: they
+  // check the choice, they do not make it). The forward carries the backward's choice too, for
   // its autograd formula. A family rather than an instantiation's name, so that
   // a graph traced with a symbolic head dim names a kernel too.
   // attn_mask: SDPA's boolean mask (True = take part) or additive mask (q's

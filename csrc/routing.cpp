@@ -7,12 +7,14 @@
 // PyTorch's own (CompositeImplicitAutograd) kernel.
 //
 // Inside enable(), the decision is the router's (torch_flash_backend/_router.py,
-// reached through the route_sdpa op). A plain eager call whose metadata was
-// decided before (attn_mask's included) takes that decision from a per-thread
-// cache here, without Python: served calls go straight to the fwd op,
-// fallbacks to PyTorch's SDPA.
+// reached through the route_sdpa op). The router keeps its decisions here, in
+// the one decision cache (routing_lookup / routing_remember): a plain eager
+// call whose metadata was decided before (attn_mask's included) takes its
+// decision from this thread's cache without Python: served calls go straight
+// to the fwd op, fallbacks to PyTorch's SDPA.
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -75,6 +77,17 @@ struct TensorKey {
   int64_t offset_class;
 };
 
+// The settings of a call besides its tensors.
+enum KeyFlag : int32_t {
+  kCausal = 1,
+  kGqa = 1 << 1,
+  kNeedsGrad = 1 << 2,
+  kMasked = 1 << 3,
+  kMaskRequiresGrad = 1 << 4,
+  kBottomRight = 1 << 5,
+  kPinned = 1 << 6,  // the choice for flash_attn (any family that runs the call), not enable()'s
+};
+
 struct Key {
   TensorKey t[3];
   TensorKey mask;  // attn_mask's first mask_dim sizes and strides; zeros without one
@@ -82,9 +95,10 @@ struct Key {
   int32_t dtype;
   int32_t device_type;
   int32_t device_index;
-  int32_t flags;  // is_causal | enable_gqa << 1 | needs_grad << 2 | has mask << 3 | mask requires grad << 4
+  int32_t flags;  // KeyFlag
   int32_t mask_dtype;
   int32_t mask_dim;
+  int32_t window_left, window_right;
 
   bool operator==(const Key& other) const { return std::memcmp(this, &other, sizeof(Key)) == 0; }
 };
@@ -103,7 +117,7 @@ static_assert(sizeof(Key) % sizeof(uint64_t) == 0, "Key hashes as whole words");
 struct Entry {
   bool served;
   std::string family, backward_family;
-  int64_t stat;  // the stats() line this decision counts in (torch_flash_backend/_stats.py)
+  int64_t decision;  // the router's number for it; the calls served from here count under it (_stats.py)
 };
 
 // Settings the router reads besides the call: the probe and switches Python
@@ -119,12 +133,9 @@ struct Cache {
 };
 thread_local Cache cache;
 
-// The call the router is deciding in this thread, if it may be cached.
-thread_local std::optional<Key> pending;
-
-// Per-line counts of the calls served from the cache; Python adds its own.
-constexpr int64_t kMaxStats = 4096;
-std::array<std::atomic<int64_t>, kMaxStats> counts{};
+// Per-decision counts of the calls served from the cache; Python adds its own.
+constexpr int64_t kMaxDecisions = 4096;
+std::array<std::atomic<int64_t>, kMaxDecisions> counts{};
 
 // No FakeTensor, functional or batched wrapper (tracing): such calls ask the router.
 bool unwrapped(const at::Tensor& t) {
@@ -148,9 +159,18 @@ bool plain_mask(const at::Tensor& m, const at::Tensor& q) {
          unwrapped(m);
 }
 
+// The settings decide() reads besides the tensors; an SDPA call's are
+// needs_grad as autograd sees it, top-left, no window, enable()'s choice.
+struct Settings {
+  bool needs_grad;
+  bool bottom_right = false;
+  int64_t window_left = -1, window_right = -1;
+  bool pinned = false;
+};
+
 std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                          bool enable_gqa, std::optional<double> scale) {
+                          bool enable_gqa, std::optional<double> scale, const Settings& settings) {
   if (!plain(q) || !plain(k) || !plain(v)) return std::nullopt;
   // The key holds no scale: an additive mask with a scale too small for the
   // kernels (which falls back) is decided afresh.
@@ -174,12 +194,17 @@ std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Te
     const int64_t vec = std::max<int64_t>(1, TFB_ALIGN_BYTES_MAX / static_cast<int64_t>(t.element_size()));
     key.t[i].offset_class = t.storage_offset() % vec;
   }
-  const bool needs_grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   key.dropout_p = dropout_p;
   key.dtype = static_cast<int32_t>(q.scalar_type());
   key.device_type = static_cast<int32_t>(q.device().type());
   key.device_index = q.device().index();
-  key.flags = int32_t(is_causal) | int32_t(enable_gqa) << 1 | int32_t(needs_grad) << 2;
+  key.flags = (is_causal ? kCausal : 0) | (enable_gqa ? kGqa : 0) | (settings.needs_grad ? kNeedsGrad : 0) |
+              (settings.bottom_right ? kBottomRight : 0) | (settings.pinned ? kPinned : 0);
+  if (settings.window_left < INT32_MIN || settings.window_left > INT32_MAX || settings.window_right < INT32_MIN ||
+      settings.window_right > INT32_MAX)
+    return std::nullopt;
+  key.window_left = static_cast<int32_t>(settings.window_left);
+  key.window_right = static_cast<int32_t>(settings.window_right);
   if (attn_mask.has_value()) {
     const at::Tensor& m = *attn_mask;
     for (int64_t d = 0; d < m.dim(); ++d) {
@@ -188,7 +213,7 @@ std::optional<Key> key_of(const at::Tensor& q, const at::Tensor& k, const at::Te
     }
     key.mask_dim = static_cast<int32_t>(m.dim());
     key.mask_dtype = static_cast<int32_t>(m.scalar_type());
-    key.flags |= 1 << 3 | int32_t(m.requires_grad()) << 4;
+    key.flags |= kMasked | (m.requires_grad() ? kMaskRequiresGrad : 0);
   }
   return key;
 }
@@ -208,21 +233,40 @@ Cache& current_cache() {
 
 // ------------------------------------------------------------------ the ops
 
-// The router's decision for the call being decided in this thread.
-void routing_remember(bool served, c10::string_view family, c10::string_view backward_family, int64_t stat) {
-  if (!pending.has_value() || stat < 0 || stat >= kMaxStats) return;
+// The router's decision (its number, -1 for none) for a call it decided
+// before with these settings; -1 also for a call that is not cached (decided afresh).
+int64_t routing_lookup(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                       bool enable_gqa, std::optional<double> scale, bool needs_grad, bool bottom_right,
+                       int64_t window_left, int64_t window_right, bool pinned) {
+  const std::optional<Key> key = key_of(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, scale,
+                                        Settings{needs_grad, bottom_right, window_left, window_right, pinned});
+  if (!key.has_value()) return -1;
+  const Cache& c = current_cache();
+  const auto it = c.entries.find(*key);
+  return it == c.entries.end() ? -1 : it->second.decision;
+}
+
+// Keeps the router's decision for the call (routing_lookup's arguments).
+void routing_remember(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                      bool enable_gqa, std::optional<double> scale, bool needs_grad, bool bottom_right,
+                      int64_t window_left, int64_t window_right, bool pinned, bool served,
+                      c10::string_view family, c10::string_view backward_family, int64_t decision) {
+  const std::optional<Key> key = key_of(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, scale,
+                                        Settings{needs_grad, bottom_right, window_left, window_right, pinned});
+  if (!key.has_value() || decision < 0 || decision >= kMaxDecisions) return;
   Cache& c = current_cache();
   if (c.entries.size() >= kMaxEntries) c.entries.clear();
-  c.entries[*pending] = Entry{served, std::string(family), std::string(backward_family), stat};
-  pending.reset();
+  c.entries[*key] = Entry{served, std::string(family), std::string(backward_family), decision};
 }
 
 // The router's settings changed (Python's probe): every thread decides afresh.
 void routing_invalidate() { generation.fetch_add(1, std::memory_order_acq_rel); }
 
 std::vector<int64_t> routing_counts() {
-  std::vector<int64_t> out(kMaxStats);
-  for (int64_t i = 0; i < kMaxStats; ++i) out[i] = counts[i].load(std::memory_order_relaxed);
+  std::vector<int64_t> out(kMaxDecisions);
+  for (int64_t i = 0; i < kMaxDecisions; ++i) out[i] = counts[i].load(std::memory_order_relaxed);
   return out;
 }
 
@@ -260,13 +304,6 @@ at::Tensor serve(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return call();
 }
 
-// Clears `pending` however the router returns.
-struct Deciding {
-  std::optional<Key> saved;
-  explicit Deciding(const std::optional<Key>& key) : saved(pending) { pending = key; }
-  ~Deciding() { pending = saved; }
-};
-
 at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                 std::optional<double> scale, bool enable_gqa) {
@@ -276,28 +313,31 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   }
   const Frame frame = *routing;
   std::optional<Key> cache_key;
-  if (!frame.log_each_call) cache_key = key_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale);
+  if (!frame.log_each_call) {
+    const bool needs_grad = at::GradMode::is_enabled() &&
+                            (query.requires_grad() || key.requires_grad() || value.requires_grad());
+    cache_key = key_of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale, Settings{needs_grad});
+  }
   if (cache_key.has_value()) {
     Cache& c = current_cache();
     const auto it = c.entries.find(*cache_key);
     if (it != c.entries.end() && (it->second.served || !frame.strict)) {
       const Entry& entry = it->second;
-      counts[entry.stat].fetch_add(1, std::memory_order_relaxed);
+      counts[entry.decision].fetch_add(1, std::memory_order_relaxed);
       if (!entry.served) {
         return pytorch_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
       }
       // The fwd op never reaches this switch again, so the entry outlives the call.
-      return serve(query, key, value, attn_mask, is_causal, scale, entry, (cache_key->flags & 4) != 0);
+      return serve(query, key, value, attn_mask, is_causal, scale, entry, (cache_key->flags & kNeedsGrad) != 0);
     }
   }
   // The decision (torch_flash_backend/_enable.py) is a Python kernel of this op;
-  // it hands the decision back through routing_remember.
+  // the router keeps it here (routing_remember) for the next call.
   static const auto route = c10::Dispatcher::singleton()
                                 .findSchemaOrThrow("torch_flash_backend::route_sdpa", "")
                                 .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                   const std::optional<at::Tensor>&, double, bool,
                                                   std::optional<double>, bool, bool, bool)>();
-  Deciding deciding(cache_key);
   return route.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, frame.strict, false);
 }
 
@@ -305,7 +345,14 @@ at::Tensor sdpa(const at::Tensor& query, const at::Tensor& key, const at::Tensor
 }  // namespace tfb
 
 TORCH_LIBRARY_FRAGMENT(torch_flash_backend, m) {
-  m.def("routing_remember(bool served, str family, str backward_family, int stat) -> ()", &tfb::routing_remember);
+  m.def("routing_lookup(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool is_causal, "
+        "bool enable_gqa, float? scale, bool needs_grad, bool bottom_right, int window_left, int window_right, "
+        "bool pinned) -> int",
+        &tfb::routing_lookup);
+  m.def("routing_remember(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float dropout_p, bool is_causal, "
+        "bool enable_gqa, float? scale, bool needs_grad, bool bottom_right, int window_left, int window_right, "
+        "bool pinned, bool served, str family, str backward_family, int decision) -> ()",
+        &tfb::routing_remember);
   m.def("routing_invalidate() -> ()", &tfb::routing_invalidate);
   m.def("routing_counts() -> int[]", &tfb::routing_counts);
   m.def("routing_reset_counts() -> ()", &tfb::routing_reset_counts);

@@ -30,13 +30,13 @@ ops = torch.ops.torch_flash_backend
 
 def fwd(q, k, v, scale, causal, bottom_right=False):
     """The forward op with the family the pinned families choose (the ops read no setting)."""
-    return ops.fwd(q, k, v, scale, causal, _router.pinned_families(q, k, v, needs_grad=False)[0],
-                   bottom_right=bottom_right)
+    family = _router.pinned_families(q, k, v, enable_gqa=q.size(1) != k.size(1), needs_grad=False)[0]
+    return ops.fwd(q, k, v, scale, causal, family, bottom_right=bottom_right)
 
 
 def bwd(dout, q, k, v, out, lse, scale, causal, bottom_right=False):
     """The backward op with the family the pinned families choose."""
-    family = _router.pinned_families(q, k, v, needs_grad=True)[1]
+    family = _router.pinned_families(q, k, v, enable_gqa=q.size(1) != k.size(1), needs_grad=True)[1]
     return ops.bwd(dout, q, k, v, out, lse, scale, causal, family, bottom_right=bottom_right)
 
 

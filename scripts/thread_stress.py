@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_flash_backend as tfb
+from torch_flash_backend import _router
 
 ops = torch.ops.torch_flash_backend
 
@@ -39,9 +40,10 @@ def main():
     def step(strict):
         leaves = [t.detach().requires_grad_(not args.no_backward) for t in (q, k, v)]
         if args.mode == "ops":
-            out, lse = ops.fwd(*leaves, None, True)
+            family, backward_family = _router.pinned_families(*leaves, is_causal=True)
+            out, lse = ops.fwd(*leaves, None, True, family)
             if not args.no_backward:
-                ops.bwd(g, *leaves, out, lse, None, True)
+                ops.bwd(g, *leaves, out, lse, None, True, backward_family)
             return
         if args.mode == "enable":
             with tfb.enable(strict=strict):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_flash_backend as tfb
-from torch_flash_backend import testing
+from torch_flash_backend import _router, testing
 
 import reference
 from reference import assert_within_baseline, attention_ref, max_err, stable_seed
@@ -351,7 +351,7 @@ def test_cuda_hidden_tiles_are_skipped(family, all_families):
 @cuda
 def test_cuda_sm90_backward_refuses_additive_masks(all_families):
     """sm90's backward reads boolean masks alone: pinned to it, an additive
-    mask raises naming the families that read one; unpinned, sm80's serves."""
+    mask raises naming the families that read one; the router names sm80's."""
     require("sm90", "bwd", torch.bfloat16, 128)
     require("sm80", "bwd", torch.bfloat16, 128)
     q, k, v = qkv(1, 2, 2, 200, 300, 128, torch.bfloat16, "cuda")
@@ -360,7 +360,9 @@ def test_cuda_sm90_backward_refuses_additive_masks(all_families):
     dout = torch.randn_like(out)
     with pytest.raises(RuntimeError, match="family='sm90' has no backward kernel that reads an additive attn_mask.*sm80"):
         ops.bwd(dout, q, k, v, out, lse, None, False, "sm90", attn_mask=mask)
-    ours = ops.bwd(dout, q, k, v, out, lse, None, False, None, attn_mask=mask)
+    chosen = _router.pinned_families(q, k, v, mask, needs_grad=True)[1]
+    assert chosen == "sm80"
+    ours = ops.bwd(dout, q, k, v, out, lse, None, False, chosen, attn_mask=mask)
     ref = ops.bwd(dout, q, k, v, out, lse, None, False, "sm80", attn_mask=mask)
     assert all(torch.equal(a, b) for a, b in zip(ours, ref))
 

@@ -164,7 +164,7 @@ def test_bwd_outputs_are_blhe_views():
         pytest.skip("no sm80 backward built for head_dim=64")
     q, k, v, dout = (torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = attention_ref(q, k, v)
-    dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out.to(q.dtype), lse.float(), None, False)
+    dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out.to(q.dtype), lse.float(), None, False, "sm80")
     for t in (dq, dk, dv):
         assert t.transpose(1, 2).is_contiguous()
 

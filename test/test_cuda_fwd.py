@@ -41,7 +41,7 @@ def family(request):
 
 def fwd(q, k, v, scale=None, is_causal=False):
     """The forward op running the family the pinned families choose."""
-    family, _ = _router.pinned_families(q, k, v, needs_grad=False)
+    family, _ = _router.pinned_families(q, k, v, enable_gqa=q.size(1) != k.size(1), needs_grad=False)
     return torch.ops.torch_flash_backend.fwd(q, k, v, scale, is_causal, family)
 
 
@@ -208,18 +208,18 @@ def test_family_runs_its_own_kernels(family):
         assert testing.launched_families(by_name) == {family}
 
 
-def test_op_default_kernel_is_the_registrys_first():
-    """family=None: the first family in the registry's order that runs the call."""
+def test_op_runs_the_named_family_only():
+    """The CUDA ops choose nothing: family=None raises, naming the families;
+    the router's choice (flash_attn's) moves past sm90 for a stride-0 K."""
     require_kernel("sm80", torch.bfloat16, 128)
     q, k, v = (torch.randn(2, 4, 256, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    sm90 = torch.cuda.get_device_capability() == (9, 0) and "sm90_fwd_bf16_hdim128" in tfb.built_kernels()
-    expected = {"sm90"} if sm90 else {"sm80"}
-    with testing.kernel_families("sm80"):  # a router setting: the op does not read it
-        launched = testing.launched_families(lambda: torch.ops.torch_flash_backend.fwd(q, k, v, None, True))
-    assert launched == expected, launched
-    # A stride-0 K (expand) is past sm90's TMA: the default moves on to sm80.
-    kx = k[:1].expand(2, -1, -1, -1)
-    launched = testing.launched_families(lambda: torch.ops.torch_flash_backend.fwd(q, kx, v, None, True))
+    with pytest.raises(RuntimeError, match=r"runs the family its caller names, and family is None \(families: "):
+        torch.ops.torch_flash_backend.fwd(q, k, v, None, True)
+    out = torch.ops.torch_flash_backend.fwd(q, k, v, None, True, _router.pinned_families(q, k, v)[0])[0]
+    with pytest.raises(RuntimeError, match=r"the forward's backward_family is None"):
+        torch.ops.torch_flash_backend.bwd(out, q, k, v, out, torch.zeros(2, 4, 256, device="cuda"), None, True)
+    kx = k[:1].expand(2, -1, -1, -1)  # past sm90's TMA
+    launched = testing.launched_families(lambda: tfb.flash_attn(q, kx, v, is_causal=True))
     assert launched == {"sm80"}, launched
 
 
@@ -238,16 +238,17 @@ def test_op_family_argument_errors():
                                                    r"\(it runs on 9.0\)"):
                 ops.fwd(q, k, v, None, False, "sm90")
         else:
-            with pytest.raises(RuntimeError, match=r"family='sm90' cannot read these inputs' layout \(a stride "
+            with pytest.raises(RuntimeError, match=r"family='sm90' cannot run these inputs \(a stride "
                                                    r"of 0"):
                 ops.fwd(q, k[:, :1].expand(1, 2, 64, 128), v, None, False, "sm90")
     # The forward carries the backward's family to its autograd formula.
     qg = q.clone().requires_grad_()
-    out, _ = ops.fwd(qg, k, v, None, False, None, "decode")
+    forward = _router.pinned_families(q, k, v, needs_grad=False)[0]
+    out, _ = ops.fwd(qg, k, v, None, False, forward, "decode")
     with pytest.raises(RuntimeError, match=r"family='decode' has no CUDA backward kernels"):
         out.sum().backward()
     if "sm80_bwd_bf16_hdim128" in tfb.built_kernels():
-        out, _ = ops.fwd(qg, k, v, None, False, None, "sm80")
+        out, _ = ops.fwd(qg, k, v, None, False, forward, "sm80")
         out.sum().backward()
         assert qg.grad is not None and torch.isfinite(qg.grad).all()
 

@@ -187,7 +187,7 @@ def test_short_query_served_by_decode(fake, monkeypatch):
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
         assert reason(*qkv(length=1, s=1000)) == _router.DECODE_SLOWER_REASON
         assert tfb.explain(*qkv(length=2, s=1000)).kernel == "decode_fwd_bf16_hdim64"
-        assert _router.pinned_families(*qkv(length=1)) == (None, None)
+        assert _router.pinned_families(*qkv(length=1)) == ("decode", None)  # flash_attn: any family that can
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"
@@ -207,8 +207,8 @@ def test_short_query_served_by_decode(fake, monkeypatch):
             assert _router.pinned_families(*qkv(length=1)) == ("sm90", None)
         with testing.kernel_families("decode", "sm80"):
             assert _router.pinned_families(*qkv(length=1)) == ("decode", None)
-            assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4)) == ("decode", None)
-            assert _router.pinned_families(*qkv(hq=64, hkv=2, length=16)) == ("sm80", None)
+            assert _router.pinned_families(*qkv(hq=16, hkv=2, length=4), enable_gqa=True) == ("decode", None)
+            assert _router.pinned_families(*qkv(hq=64, hkv=2, length=16), enable_gqa=True) == ("sm80", None)
             assert _router.pinned_families(*qkv(length=64)) == ("sm80", None)  # 64 rows, but not a short query
 
 
@@ -398,16 +398,52 @@ def test_decisions_are_cached_by_metadata_and_settings(monkeypatch):
     """A call decided before gets the same decision back; its shapes, strides, the
     probe and the settings are the key, never the tensors' values."""
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+
+    def cached(q):  # the decision's number in the cache, -1 for none
+        return torch.ops.torch_flash_backend.routing_lookup(q, k, v, None, 0.0, False, False, None, False, False,
+                                                            -1, -1, False)
+
     with testing.route_cpu():
+        assert cached(q) == -1
         first = tfb.explain(q, k, v)
-        assert first.served
+        assert first.served and cached(q) >= 0
         assert tfb.explain(q, k, v) is first
-        assert tfb.explain(torch.randn_like(q), k, v) is first
-        assert tfb.explain(q[:, :, :18], k, v) is not first
+        assert cached(torch.randn_like(q)) == cached(q)
+        assert cached(q[:, :, :18]) == -1
         assert tfb.explain(q, k, v, is_causal=True).reason != first.reason
         monkeypatch.setenv(_router.FAMILIES_ENV, "sm80")
-        assert tfb.explain(q, k, v) is not first
+        assert cached(q) == -1
     assert not tfb.explain(q, k, v).served  # route_cpu left: the probe moved on
+
+
+def test_one_decision_cache(monkeypatch):
+    """decide() keeps its decisions in the op library's cache, the one enable()'s
+    eager calls read without Python: a call explain() decided runs under enable()
+    without asking the router again, and counts under that decision."""
+    import torch.nn.functional as F
+
+    ops = torch.ops.torch_flash_backend
+    q, k, v = (torch.randn(1, 2, 24, 16) for _ in range(3))
+    with testing.route_cpu():
+        decision = tfb.explain(q, k, v, is_causal=True)
+        assert decision.served
+        number = ops.routing_lookup(q, k, v, None, 0.0, True, False, None, False, False, -1, -1, False)
+        assert number >= 0 and _router.numbered()[number] == decision
+        # Other settings are other keys: flash_attn's choice, a window, grad.
+        assert ops.routing_lookup(q, k, v, None, 0.0, True, False, None, False, False, -1, -1, True) == -1
+        assert ops.routing_lookup(q, k, v, None, 0.0, True, False, None, False, False, 3, -1, False) == -1
+        assert ops.routing_lookup(q, k, v, None, 0.0, True, False, None, True, False, -1, -1, False) == -1
+
+        def ask(*args, **kwargs):
+            raise AssertionError("the router was asked again")
+
+        monkeypatch.setattr(_router, "_decide", ask)
+        tfb.reset_stats()
+        with tfb.enable(strict=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert tfb.stats()["routed"] == {decision.kernel: 1}
+        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        assert tfb.explain(q, k, v, is_causal=True) == decision
 
 
 def test_kernel_records_say_which_masks_a_pass_reads():
@@ -433,7 +469,7 @@ def test_boolean_masks_served(fake, monkeypatch):
         mask = torch.empty(2, 1, 4, 1000, dtype=torch.bool, device="cuda")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask)
         assert d.kernel == "decode_fwd_bf16_hdim64" and "boolean attn_mask" in str(d), str(d)
-        assert _router.pinned_families(*qkv(length=4, s=1000), mask_kind="bool") == ("decode", None)
+        assert _router.pinned_families(*qkv(length=4, s=1000), mask) == ("decode", None)
         d = tfb.explain(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask)
         assert (d.kernel, d.backward_kernel) == ("decode_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"), str(d)
         d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=mask[:, :, :1])
@@ -441,7 +477,7 @@ def test_boolean_masks_served(fake, monkeypatch):
         additive = mask[:, :, :1].to(torch.bfloat16)
         d = tfb.explain(*qkv(length=17, s=1000, requires_grad=True), attn_mask=additive)
         assert (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), str(d)
-        assert _router.pinned_families(*qkv(length=17, s=1000, requires_grad=True), mask_kind="additive") == (
+        assert _router.pinned_families(*qkv(length=17, s=1000, requires_grad=True), additive) == (
             "sm90", "sm80")
         d = tfb.explain(*qkv(length=4, s=1000), attn_mask=mask.to(torch.bfloat16))
         assert d.kernel == "decode_fwd_bf16_hdim64" and "additive attn_mask (bf16)" in str(d), str(d)
@@ -454,7 +490,7 @@ def test_boolean_masks_served(fake, monkeypatch):
         assert reason(*qkv(length=4, s=1000, requires_grad=True), attn_mask=mask.to(torch.bfloat16)) == \
             _router.MASK_GRAD_REASON
         with pytest.raises(RuntimeError, match="require grad"):
-            _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), mask_kind="additive")
+            _router.pinned_families(*qkv(length=4, s=1000, requires_grad=True), mask.to(torch.bfloat16))
         monkeypatch.setenv(_router.FAMILIES_ENV, "decode")
         assert reason(*qkv(length=17, s=1000), attn_mask=mask[:, :, :1]) == _router.MASK_LONG_QUERY_REASON
         monkeypatch.delenv(_router.FAMILIES_ENV)

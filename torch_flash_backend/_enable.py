@@ -132,11 +132,6 @@ def _modes() -> list:
 def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback, bottom_right=False):
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
     _stats.count(decision)
-    if type(q) is torch.Tensor and not torch.compiler.is_compiling():
-        # Kept by the dispatcher-level switch for the next eager call with this
-        # metadata (when this call came from it and may be cached).
-        _ops.routing_remember(decision.served, decision.family or "", decision.backward_family or "",
-                              _stats.line_id(decision))
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
         # attn_mask and bottom_right only when given, so that graphs without them read as before.

@@ -108,8 +108,14 @@ class Kernel(str):
         return not mask_kind or (self.additive_masks if mask_kind == "additive" else self.masks)
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
-        cc = capability[0] * 10 + capability[1]
-        return self.min_cc <= cc and (self.max_cc == 0 or cc <= self.max_cc)
+        return _cc_in(capability, self.min_cc, self.max_cc)
+
+
+def _cc_in(capability: tuple[int, int], min_cc: int, max_cc: int) -> bool:
+    """Whether a compute capability lies in a registry range (max_cc 0: no upper bound;
+    sm_90a code runs on 9.0 alone). csrc/cuda/families.h's runs_on is the C++ side."""
+    cc = capability[0] * 10 + capability[1]
+    return min_cc <= cc and (max_cc == 0 or cc <= max_cc)
 
 
 # Read once, at import: the registry is fixed when the library is built, and
@@ -143,6 +149,12 @@ def family_limits() -> dict[str, str]:
     """Family name -> its limits as "key=value ..." (the registry's, built or not),
     in the router's order of preference."""
     return dict(_FAMILY_LIMITS)
+
+
+def family_runs_on(family: str, capability: tuple[int, int]) -> bool:
+    """Whether the named family's machine code runs on this compute capability."""
+    fields = _FAMILY_FIELDS[family]
+    return _cc_in(capability, int(fields["min_cc"]), int(fields["max_cc"]))
 
 
 def reads_stride0(family: str | None) -> bool:

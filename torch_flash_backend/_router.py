@@ -17,7 +17,9 @@ import torch
 
 from . import _checks
 from ._checks import check_band, check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
-from ._library import align_bytes, built_kernel_set, family_limits
+from ._library import align_bytes, built_kernel_set, family_limits, family_runs_on
+
+_ops = torch.ops.torch_flash_backend
 
 # Below this query length the split-KV decode family serves (on CUDA) where it
 # can; the tiled forwards would leave most of the GPU idle, and PyTorch's SDPA
@@ -175,12 +177,6 @@ def families() -> tuple[str, ...]:
 
 
 @functools.cache
-def _family_cc(name: str) -> tuple[int, int]:
-    fields = dict(f.split("=", 1) for f in family_limits()[name].split())
-    return int(fields["min_cc"]), int(fields["max_cc"])
-
-
-@functools.cache
 def _parse_families(value: str) -> frozenset[str] | None:
     names = frozenset(name.strip() for name in value.split(",") if name.strip())
     return names or None
@@ -194,36 +190,56 @@ def allowed_families() -> frozenset[str] | None:
 def _families(capability: tuple[int, int]) -> tuple[str, ...]:
     """The families whose machine code runs on this compute capability (the
     registry's min_cc / max_cc: sm_90a code runs on 9.0 alone)."""
-    cc = capability[0] * 10 + capability[1]
-    return tuple(f for f in families()
-                 if _family_cc(f)[0] <= cc and (_family_cc(f)[1] == 0 or cc <= _family_cc(f)[1]))
+    return tuple(f for f in families() if family_runs_on(f, capability))
 
 
-_decisions: dict = {}
-_DECISIONS_MAX = 4096
-# A storage offset is part of the key modulo the largest alignment a family asks.
-_ALIGN_BYTES = align_bytes()
+# The decisions made so far, numbered: the op library's cache (csrc/routing.cpp,
+# the one decision cache) keeps a decision's number, and counts the calls it
+# serves without asking the router under it (_stats.py). Past _DECISIONS_MAX
+# distinct decisions, a new one is no longer kept (its calls ask each time).
+_numbered: list = []
+_numbers: dict = {}
+_numbers_lock = threading.Lock()
+_DECISIONS_MAX = 4096  # csrc/routing.cpp's kMaxDecisions
 
 
-def _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window):
-    """What decide() reads of a call, as a dict key: plain eager tensors' metadata
-    and the settings; None for anything else (FakeTensors and subclasses while
-    tracing, masks, nested tensors), which decide() then reads afresh."""
-    if attn_mask is not None or not (type(q) is type(k) is type(v) is torch.Tensor):
+def number_of(decision: "Decision") -> int:
+    """decision's number, or -1 once the numbers run out."""
+    with _numbers_lock:
+        found = _numbers.get(decision)
+        if found is None and len(_numbered) < _DECISIONS_MAX:
+            found = _numbers[decision] = len(_numbered)
+            _numbered.append(decision)
+        return -1 if found is None else found
+
+
+def numbered() -> list:
+    """The decisions numbered so far, by number."""
+    with _numbers_lock:
+        return list(_numbered)
+
+
+def _cache_args(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, scale, needs_grad, bottom_right, window,
+                pinned):
+    """The decision cache's arguments for this call (csrc/routing.cpp's key: its
+    metadata and settings), or None where it is decided afresh: tensors other than
+    plain eager ones (FakeTensors and subclasses while tracing, nested tensors) and
+    settings of other types."""
+    if not (type(q) is type(k) is type(v) is torch.Tensor) or torch.compiler.is_compiling():
         return None
-    if q.is_nested or k.is_nested or v.is_nested or type(dropout_p) not in (float, int):
+    if attn_mask is not None and type(attn_mask) is not torch.Tensor:
         return None
-    if type(is_causal) is not bool or type(enable_gqa) is not bool:
+    if type(dropout_p) not in (float, int) or type(is_causal) is not bool or type(enable_gqa) is not bool:
         return None
-    meta = tuple((t.shape, t.stride(), t.storage_offset() % max(1, _ALIGN_BYTES // t.element_size()), t.dtype,
-                  t.device) for t in (q, k, v))
-    return (meta, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window, probe.generation,
-            os.environ.get(FAMILIES_ENV, ""))
+    if scale is not None and type(scale) not in (float, int):
+        return None
+    return (q, k, v, attn_mask, float(dropout_p), is_causal, enable_gqa, None if scale is None else float(scale),
+            bool(needs_grad), bottom_right, window[0], window[1], pinned)
 
 
 def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
            *, needs_grad: bool | None = None, bottom_right: bool = False,
-           window: tuple[int, int] = (-1, -1)) -> Decision:
+           window: tuple[int, int] = (-1, -1), pinned: bool = False) -> Decision:
     """Whether our ops can serve this SDPA call, by which kernel, or why not.
 
     bottom_right: is_causal aligned with the last key (a CausalBias made by
@@ -232,30 +248,36 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     window about the diagonal, -1 opening a side (PyTorch's flash ops'
     window_size; the ops' window_left / window_right). Raises
     (check_sdpa_args) for arguments PyTorch's SDPA would reject too, and
-    (check_band) for a window the ops would reject.
+    (check_band) for a window the ops would reject. pinned: the choice for
+    flash_attn, any family that can run the call (enable() sends short queries
+    to a decode family or to PyTorch, whichever is faster; _pick_cuda_kernel).
     needs_grad None means: as autograd will see it (grad mode on and an input
     requires grad). A call whose metadata and settings were decided before gets
-    that decision back (the decision reads nothing else; scale never changes it).
+    that decision back from the op library's cache (the decision reads nothing
+    else; scale only for an additive mask).
     """
     if needs_grad is None and type(q) is type(k) is type(v) is torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     window = (int(window[0]), int(window[1]))
     bottom_right = bool(bottom_right and (is_causal or window != (-1, -1)))
-    key = _decision_key(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, needs_grad, bottom_right, window)
-    if key is not None:
-        decision = _decisions.get(key)
-        if decision is not None:
-            return decision
-    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right, window)
-    if key is not None:
-        if len(_decisions) >= _DECISIONS_MAX:
-            _decisions.clear()
-        _decisions[key] = decision
+    cached = _cache_args(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa, scale, needs_grad, bottom_right,
+                         window, pinned)
+    if cached is not None:
+        number = _ops.routing_lookup(*cached)
+        if number >= 0:
+            return _numbered[number]
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right, window,
+                       pinned)
+    if cached is not None:
+        number = number_of(decision)
+        _ops.routing_remember(*cached, decision.served, decision.family or "", decision.backward_family or "", number)
+        if number >= 0:
+            return _numbered[number]  # one object per decision, whichever call made it first
     return decision
 
 
 def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right,
-            window=(-1, -1)) -> Decision:
+            window=(-1, -1), pinned=False) -> Decision:
     check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
@@ -312,7 +334,8 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
-                                     hq // hkv, mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask))
+                                     hq // hkv, routing=not pinned,
+                                     mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask))
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -362,20 +385,17 @@ def _broadcast(q, k, v) -> bool:
     return any(_checks.broadcast(t) for t in (q, k, v))
 
 
-def pinned_families(q, k, v, needs_grad: bool | None = None, mask_kind: str = "") -> tuple[str | None, str | None]:
-    """The (forward, backward) families for a call to the ops that skips
-    decide() (flash_attn): (None, None) when q is not on CUDA, or when
-    TFB_KERNEL_FAMILIES is unset and there is no mask (mask_kind "", else
-    "bool" or "additive"), so the ops run the registry's first kernel that
-    can; else the (allowed) families' choice, raising with the reason when
-    none serves."""
-    if q.device.type != "cuda" or (allowed_families() is None and not mask_kind):
+def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, bottom_right=False,
+                    *, needs_grad: bool | None = None) -> tuple[str | None, str | None]:
+    """The (forward, backward) families flash_attn names to the ops: the
+    router's choice among every (allowed) family that can run the call
+    (decide(pinned=True)), raising with the reason when none serves; (None,
+    None) off CUDA, where the CPU ops serve every call, and for an empty call
+    (no batch, head, query or key), which the ops answer without a kernel."""
+    if q.device.type != "cuda" or 0 in (q.size(0), q.size(1), q.size(2), k.size(2)):
         return None, None
-    if needs_grad is None:
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    decision = _pick_cuda_kernel(q.device, _DTYPE_NAMES.get(q.dtype, str(q.dtype)), q.size(3), needs_grad, "",
-                                 _broadcast(q, k, v), q.size(2), q.size(1) // k.size(1), routing=False,
-                                 mask_kind=mask_kind)
+    decision = decide(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa, needs_grad=needs_grad,
+                      bottom_right=bottom_right, pinned=True)
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
     return decision.family, decision.backward_family
@@ -407,11 +427,8 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     if not kernels:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
-    args = (capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e, needs_grad,
-            detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind)
-    # The choice is a function of these alone, so it is computed once per distinct
-    # call (it ran on every SDPA call before; symbolic sizes are not cached).
-    return _choose_cached(*args) if all(isinstance(x, int) for x in (e, length, group)) else _choose(*args)
+    return _choose(capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e,
+                   needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
@@ -488,5 +505,3 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         return Decision(True, str(fwd), f"{detail}, backward by {bwd}", backward_kernel=str(bwd))
     return _fallback(why_not)
 
-
-_choose_cached = functools.lru_cache(maxsize=4096)(_choose)

@@ -4,18 +4,19 @@ Counting happens where the routing decision is made: an eager call counts once
 per call; a torch.compile'd or exported graph counts when it is traced, never
 when the compiled code runs (torch.compile traces each call site in a few
 passes, about three counts per compilation). enable()'s eager calls decided
-from its cache count in csrc/routing.cpp, under the line's id given here.
+from the op library's cache count in csrc/routing.cpp, under the decision's
+number (_router.number_of).
 """
 import collections
 import threading
 
 import torch
 
+from . import _router
+
 _lock = threading.Lock()
 _routed: collections.Counter = collections.Counter()
 _fallback: collections.Counter = collections.Counter()
-_ids: dict[tuple[bool, str], int] = {}
-_MAX_IDS = 4096  # csrc/routing.cpp's kMaxStats
 
 
 def _line(decision) -> tuple[bool, str]:
@@ -30,24 +31,15 @@ def count(decision) -> None:
             _fallback[decision.reason] += 1
 
 
-def line_id(decision) -> int:
-    """The id under which the op library counts this decision's cached calls; -1
-    once the ids run out (such calls then ask the router each time)."""
-    line = _line(decision)
-    with _lock:
-        found = _ids.get(line)
-        if found is None and len(_ids) < _MAX_IDS:
-            found = _ids[line] = len(_ids)
-        return -1 if found is None else found
-
-
 def stats() -> dict[str, dict[str, int]]:
     """{"routed": {kernel: calls}, "fallback": {reason: calls}} since the last reset_stats()."""
     cached = torch.ops.torch_flash_backend.routing_counts()
+    decisions = _router.numbered()
     with _lock:
         routed, fallback = collections.Counter(_routed), collections.Counter(_fallback)
-        for (served, name), i in _ids.items():
+        for i, decision in enumerate(decisions):
             if cached[i]:
+                served, name = _line(decision)
                 (routed if served else fallback)[name] += cached[i]
         return {"routed": dict(routed), "fallback": dict(fallback)}
 

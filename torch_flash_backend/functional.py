@@ -23,8 +23,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     ``CausalBias`` (``torch.nn.attention.bias.causal_lower_right`` /
     ``causal_upper_left``) is causal masking of that alignment. No
     routing: what the kernels do not support (``dropout_p > 0``, a mask
-    that requires grad) raises, naming the argument, instead of falling back. The kernels are the registry's first that run the call,
-    within the families ``TFB_KERNEL_FAMILIES`` allows.
+    that requires grad) raises, naming the argument, instead of falling back. The kernels are the router's choice among every
+    family that can run the call (enable()'s speed rules aside), within the
+    families ``TFB_KERNEL_FAMILIES`` allows.
     """
     if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise NotImplementedError(f"flash_attn: dropout_p={dropout_p!r} is not supported (only 0.0)")
@@ -43,7 +44,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
             raise NotImplementedError("flash_attn: attn_mask requires grad; the kernels give no gradient for a mask")
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
-    family, backward_family = _router.pinned_families(q, k, v, mask_kind=_router.mask_kind(attn_mask))
+    family, backward_family = _router.pinned_families(q, k, v, attn_mask, is_causal, scale, enable_gqa, bottom_right)
     extra = {} if attn_mask is None else {"attn_mask": attn_mask}
     if bottom_right:
         extra["bottom_right"] = True

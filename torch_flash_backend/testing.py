@@ -74,8 +74,8 @@ def kernel_families(*names):
     """Lets the router (enable(), explain(), flash_attn, PyTorch's flash hook)
     choose only these kernel families, e.g. kernel_families("sm80") runs the
     forward with sm80 on Hopper too; no names: every family. The ops themselves
-    run the family they are given (family=...; None: the registry's first), so
-    a direct op call follows it through _router.pinned_families. Sets
+    run the family they are given (family=...; the CUDA ops raise without
+    one), so a direct op call follows it through _router.pinned_families. Sets
     TFB_KERNEL_FAMILIES for its duration and restores the previous value on
     exit, so it is process-wide and not thread-safe.
 

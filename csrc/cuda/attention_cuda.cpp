@@ -1,6 +1,6 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
-// (fill_params.h), launch the kernel families.h picks (the op's `family`
-// argument's, else the registry's first) on the current stream.
+// (fill_params.h), launch the kernel of the op's `family` argument
+// (families.h checks it can) on the current stream.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

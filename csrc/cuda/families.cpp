@@ -1,5 +1,7 @@
 #include "families.h"
 
+#include <cstring>
+
 #include <c10/util/Exception.h>
 
 #include "api.h"
@@ -102,6 +104,9 @@ std::string cc_range(int min_cc, int max_cc) {
   return max_cc == 0 ? cc(min_cc) + " and later" : min_cc == max_cc ? cc(min_cc) : cc(min_cc) + " to " + cc(max_cc);
 }
 
+// The family the caller named, when it runs the call; raises, naming the
+// family and the reason, when it does not. The ops choose nothing: the router
+// (torch_flash_backend/_router.py) chose the family from the same registry.
 template <class Params>
 const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernels, const char* pass,
                                   const std::optional<std::string_view>& family, const DeviceInfo& info,
@@ -109,37 +114,29 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
   const bool masked = p.mask.in_memory();
   const bool additive = p.mask.mode == MaskMode::kAdditive;
   const bool window = p.mask.mode == MaskMode::kBand && p.mask.window_left >= 0;
-  if (family.has_value()) {
-    std::string families;
-    for (const auto& k : kernels) {
-      families += (families.empty() ? "" : ", ") + std::string(k.family);
-      if (k.family != *family) continue;
-      TORCH_CHECK(k.has(dtype, p.head_dim), "family='", *family, "' has no ", pass, " kernel built for ",
-                  dtype_name(dtype), " head_dim=", p.head_dim, " (built: ", built_names(kernels, dtype, p.head_dim),
-                  ")");
-      TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
-                  info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
-      TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
-                  additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
-      TORCH_CHECK(!window || k.windows, "family='", *family, "' has no ", pass,
-                  " kernel that reads a window's left edge (window_left)");
-      TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot read these inputs' layout (a stride of 0 from ",
-                  "expand(), or a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
-                  " bytes)");
-      return k;
-    }
-    TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
-  }
+  std::string families;
+  for (const auto& k : kernels) families += (families.empty() ? "" : ", ") + std::string(k.family);
+  TORCH_CHECK(family.has_value(), "the CUDA ", pass, " op runs the family its caller names, and ",
+              std::strcmp(pass, "forward") == 0 ? "family" : "the forward's backward_family",
+              " is None (families: ", families, "; flash_attn() and enable() name the one the router chooses, "
+              "which torch_flash_backend.explain() reports)");
   for (const auto& k : kernels) {
-    if (k.has(dtype, p.head_dim) && k.runs_on(info) && k.reads_mask(masked, additive) && (!window || k.windows) &&
-        k.can_run(p)) {
-      return k;
-    }
+    if (k.family != *family) continue;
+    TORCH_CHECK(k.has(dtype, p.head_dim), "family='", *family, "' has no ", pass, " kernel built for ",
+                dtype_name(dtype), " head_dim=", p.head_dim, " (built: ", built_names(kernels, dtype, p.head_dim),
+                ")");
+    TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
+                info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
+    TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
+                additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
+    TORCH_CHECK(!window || k.windows, "family='", *family, "' has no ", pass,
+                " kernel that reads a window's left edge (window_left)");
+    TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot run these inputs (a stride of 0 from expand(), ",
+                "a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
+                " bytes, or, for a decode family, a query longer than it serves)");
+    return k;
   }
-  TORCH_CHECK(false, "no ", pass, " kernel built for ", dtype_name(dtype), " head_dim=", p.head_dim,
-              " runs these inputs", masked ? " with attn_mask" : "", " on compute capability ", info.major, ".",
-              info.minor, " (built: ", built_names(kernels, dtype, p.head_dim), "; ", masked_families(kernels, additive),
-              ")");
+  TORCH_CHECK(false, "family='", *family, "' has no CUDA ", pass, " kernels; these do: ", families);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // The CUDA kernels the ops launch, one entry per (family, pass) of the
-// registry (src/kernel_list.h), and the one rule that picks among them: the
-// family the caller names (the ops' `family` argument, which is how the
-// router's decision reaches the op), else the first family, in the registry's
-// order, that has an instantiation for the call and can run it.
+// registry (src/kernel_list.h). The ops run the family the caller names (the
+// ops' `family` argument, which is how the router's decision reaches the op)
+// and check that it can: the router (torch_flash_backend/_router.py) is the one
+// place that chooses.
 #pragma once
 
 #include <optional>
@@ -46,10 +46,9 @@ struct PassKernels {
 using FwdKernels = PassKernels<AttnFwdParams>;
 using BwdKernels = PassKernels<AttnBwdParams>;
 
-// The kernels for these params: `family`'s when given (raising, naming it, when
-// it has no such pass, no instantiation for the dtype and head dim, or cannot
-// run on this device or these strides), else the registry's first that can run
-// them (raising when none).
+// The kernels for these params: `family`'s (raising, naming it, when it has no
+// such pass, no instantiation for the dtype and head dim, or cannot run on
+// this device or these strides; raising when it is not given).
 const FwdKernels& forward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
                                   DType dtype, const AttnFwdParams& p);
 const BwdKernels& backward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
