@@ -11,6 +11,7 @@ forward family.
 minutes on two cores); `pip wheel --no-build-isolation .` makes one wheel for
 every CPython 3 (py3-none-<platform>): the library has no Python bindings.
 """
+import contextlib
 import glob
 import importlib.util
 import os
@@ -22,6 +23,7 @@ import time
 import torch
 from setuptools import setup
 from setuptools.command.bdist_wheel import bdist_wheel
+from torch.utils import cpp_extension
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -30,7 +32,7 @@ import registry  # noqa: E402  (src/registry.py: families, head dims, arch flags
 
 ALL_HEAD_DIMS = registry.HEAD_DIMS
 # The sources outside instantiations (dispatch, workspace sizes) and the sm80
-# family's are compiled with sm80's flags; a family with other flags gets its own pass.
+# family's are compiled with sm80's flags; another family's instantiations with its own.
 BASE_FAMILY = registry.family("sm80")
 
 
@@ -138,8 +140,10 @@ class _Progress:
 
 class BuildLibrary(BuildExtension):
     """Names the output as a plain shared library, not a Python module, and
-    compiles each of ext.family_sources with its family's nvcc flags (an
-    extension has one flag set; the sm90 family's code is sm_90a alone).
+    compiles every source in one ninja run, each instantiation with its
+    family's nvcc arch flags (ext.family_arch; the sm90 family's code is
+    sm_90a alone): one run keeps both jobs busy to the end, where a run per
+    family left a job idle at the end of each.
     """
 
     def finalize_options(self):
@@ -149,21 +153,10 @@ class BuildLibrary(BuildExtension):
         self.build_temp = os.path.join(ROOT, "build", "temp")
 
     def build_extension(self, ext):
-        family_sources = getattr(ext, "family_sources", {})
-        dirs = [self.build_temp] + [os.path.join(self.build_temp, fam.name) for fam in family_sources]
-        with _Progress(dirs, len(ext.sources) + sum(map(len, family_sources.values()))):
-            self._build_extension(ext, family_sources)
-
-    def _build_extension(self, ext, family_sources):
-        for fam, sources in family_sources.items():
-            args = dict(ext.extra_compile_args)
-            args["nvcc"] = [f for f in args["nvcc"] if f not in BASE_FAMILY.nvcc_arch] + list(fam.nvcc_arch)
-            # A directory of their own: torch writes one build.ninja per output directory.
-            ext.extra_objects = ext.extra_objects + self.compiler.compile(
-                sources, output_dir=os.path.join(self.build_temp, fam.name), macros=ext.define_macros,
-                include_dirs=ext.include_dirs, extra_postargs=args, depends=ext.depends,
-            )
-        super().build_extension(ext)
+        order = [os.path.abspath(os.path.join(ROOT, path)) for path in ext.sources]
+        with _Progress([self.build_temp], len(ext.sources)), \
+                _ninja_per_source(getattr(ext, "family_arch", {}), order):
+            super().build_extension(ext)
 
     def get_ext_filename(self, ext_name):
         return os.path.join(*ext_name.split(".")) + ".so"
@@ -171,6 +164,72 @@ class BuildLibrary(BuildExtension):
     def copy_extensions_to_source(self):
         os.makedirs(os.path.join(ROOT, "torch_flash_backend", "lib"), exist_ok=True)
         super().copy_extensions_to_source()
+
+
+@contextlib.contextmanager
+def _ninja_per_source(arch_of, order):
+    """torch writes one nvcc flag set into its build.ninja, its sources sorted
+    by name (setuptools sorts them). ninja lets a build statement override a
+    variable, so each source in arch_of ({absolute path: its family's -gencode
+    flags}) gets cuda_post_cflags with the base family's arch flags swapped for
+    its own; and the statements are put in `order` (absolute paths), since ninja
+    starts jobs that nothing orders otherwise in the file's order (ninja
+    1.12+ prefers the longest from its log, when a build has one)."""
+    write = cpp_extension._write_ninja_file
+    rank = {path: i for i, path in enumerate(order)}
+
+    def write_ordered(path, *args, **kwargs):
+        write(path, *args, **kwargs)
+        with open(path) as f:
+            lines = f.read().splitlines()
+        base = next(line for line in lines if line.startswith("cuda_post_cflags = "))[len("cuda_post_cflags = "):]
+        for flag in BASE_FAMILY.nvcc_arch:
+            base = base.replace(f" {flag}", "")
+        first = next(i for i, line in enumerate(lines) if line.startswith("build "))
+        head, blocks, tail = lines[:first], [], []
+        for line in lines[first:]:
+            if line.startswith("build ") and (": compile " in line or ": cuda_compile " in line):
+                source = line.split(": ", 1)[1].split(" ", 1)[1].replace("$ ", " ")
+                blocks.append((rank.get(source, len(rank)), len(blocks), [line]))
+                if source in arch_of:
+                    blocks[-1][2].append(f"  cuda_post_cflags = {base} {' '.join(arch_of[source])}")
+            elif blocks and not tail and line.startswith("  "):
+                blocks[-1][2].append(line)
+            else:
+                tail.append(line)
+        body = [line for *_, block in sorted(blocks, key=lambda b: b[:2]) for line in block]
+        with open(path, "w") as f:
+            f.write("\n".join(head + body + tail) + "\n")
+
+    cpp_extension._write_ninja_file = write_ordered
+    try:
+        yield
+    finally:
+        cpp_extension._write_ninja_file = write
+
+
+# Seconds each (family, pass) instantiation file took on two cores, cold
+# (scripts/compile_times.py), for the order below: the costliest start first.
+_COMPILE_SECONDS = {("sm80", "bwd"): 85, ("sm80", "fwd"): 70, ("sm90", "fwd"): 65, ("sm90", "bwd"): 47,
+                    ("decode", "fwd"): 20}
+_WIDE_MMA_SECONDS = 45  # sm90's head dim 256 forward (80-key tiles) on top
+
+
+def _costliest_first(head_dims, families):
+    """(sources, {absolute path: arch flags}) of every family's instantiations,
+    the costliest first (ninja starts jobs in the order it is given them)."""
+    files = []
+    for fam in families:
+        for path in _instantiations(fam, head_dims):
+            pass_, dim = os.path.basename(path).split("_")[:2]
+            dim = int(dim[len("hdim"):])
+            cost = _COMPILE_SECONDS.get((fam.name, pass_), 60) + (_WIDE_MMA_SECONDS if (pass_, dim) in fam.wide_mma
+                                                                   else 0)
+            files.append((-cost, -dim, path, fam))
+    files.sort(key=lambda f: f[:3])
+    arch = {os.path.abspath(os.path.join(ROOT, path)): fam.nvcc_arch for _, _, path, fam in files
+            if fam is not BASE_FAMILY}
+    return [path for _, _, path, _ in files], arch
 
 
 def _release_rule():
@@ -222,8 +281,11 @@ def extension():
         defines.append("-DTFB_WITH_SM90")
     sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cpp")))
     sources += _rel(glob.glob(os.path.join(ROOT, "src", "*", "*.cu")))
-    # The costliest first (ninja starts jobs in this order): the build then ends on short jobs.
-    sources = _instantiations(BASE_FAMILY, head_dims) + sources
+    # Every family's instantiations in one ninja run, the costliest first: the
+    # build then ends on short jobs.
+    families = [fam for fam in registry.FAMILIES if fam.name != "sm90" or with_sm90]
+    instantiations, family_arch = _costliest_first(head_dims, families)
+    sources = instantiations + sources
     nvcc = [
         "-O3", "-std=c++17", "-DNDEBUG",
         "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
@@ -246,8 +308,7 @@ def extension():
         extra_link_args=link,
         py_limited_api=True,
     )
-    ext.family_sources = {fam: _instantiations(fam, head_dims) for fam in registry.FAMILIES
-                          if fam is not BASE_FAMILY and (fam.name != "sm90" or with_sm90)}
+    ext.family_arch = family_arch
     return ext
 
 

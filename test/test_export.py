@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_flash_backend as tfb
-from torch_flash_backend import testing
+from torch_flash_backend import _router, testing
 
 from graph_models import (
     B, HEAD_DIM, HEADS, KV_HEADS, L, LIB, OPS, ROOT,
@@ -351,11 +351,13 @@ def _meta(tensors):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_fake_kernels_match_real_strides(device, is_causal):
     for name, q, k, v in _layouts(device):
-        out, lse = OPS.fwd(q, k, v, None, is_causal)
-        grads = OPS.bwd(torch.randn_like(out), q, k, v, out, lse, None, is_causal)
+        family, backward_family = _router.pinned_families(q, k, v, is_causal=is_causal, enable_gqa=True,
+                                                          needs_grad=True)
+        out, lse = OPS.fwd(q, k, v, None, is_causal, family)
+        grads = OPS.bwd(torch.randn_like(out), q, k, v, out, lse, None, is_causal, backward_family)
         with FakeTensorMode() as mode:
             fq, fk, fv, fout, flse = (mode.from_tensor(t) for t in (q, k, v, out, lse))
-            fake = OPS.fwd(fq, fk, fv, None, is_causal)
-            fake_grads = OPS.bwd(torch.empty_like(fout), fq, fk, fv, fout, flse, None, is_causal)
+            fake = OPS.fwd(fq, fk, fv, None, is_causal, family)
+            fake_grads = OPS.bwd(torch.empty_like(fout), fq, fk, fv, fout, flse, None, is_causal, backward_family)
         assert _meta(fake) == _meta((out, lse)), name
         assert _meta(fake_grads) == _meta(grads), name

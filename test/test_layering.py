@@ -143,9 +143,11 @@ def test_setup_py_build_targets_sm90_files_alone_at_sm_90a():
     commands = {}
     for path in ninja_files:
         text = open(path).read()
-        flags = re.search(r"^cuda_post_cflags = (.*)$", text, re.MULTILINE)
-        for source in re.findall(r"^build \S+: cuda_compile (\S+)$", text, re.MULTILINE):
-            commands[os.path.relpath(source, ROOT)] = flags.group(1)
+        flags = re.search(r"^cuda_post_cflags = (.*)$", text, re.MULTILINE).group(1)
+        # A build statement may set its own flags on the indented line after it.
+        for source, own in re.findall(r"^build \S+: cuda_compile (\S+)\n(?:  cuda_post_cflags = (.*)\n)?", text,
+                                      re.MULTILINE):
+            commands[os.path.relpath(source, ROOT)] = own or flags
     if not commands:
         pytest.skip("no setup.py CUDA build under build/")
     assert not _wrong_archs(commands), _wrong_archs(commands)

@@ -548,3 +548,20 @@ def test_mask_tiles_skipped_counts_a_tiled_kernels_tiles():
                     total += 1
     assert 0 < hidden < total
     assert _router.mask_tiles_skipped(mask, q, k, tm, tn, group_packed=False) == pytest.approx(hidden / total)
+
+
+def test_fake_ops_want_a_family_on_cuda():
+    """The fake kernels check what the CUDA ops check: they run the family
+    their caller names, and raise without one (the router chooses; empty calls
+    need none)."""
+    ops = torch.ops.torch_flash_backend
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(RuntimeError, match=r"forward op runs the family its caller names, and family is None"):
+            ops.fwd(q, q, q)
+        out, lse = ops.fwd(q, q, q, None, False, "sm80")
+        with pytest.raises(RuntimeError, match=r"the forward's backward_family is None"):
+            ops.bwd(out, q, q, q, out, lse)
+        ops.bwd(out, q, q, q, out, lse, None, False, "sm80")
+        empty = q[:, :, :0]
+        ops.fwd(empty, q, q)

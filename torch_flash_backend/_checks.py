@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ._library import align_bytes, constant
+from ._library import align_bytes, constant, family_limits
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -92,6 +92,17 @@ def check_band(attn_mask, is_causal: bool, window_left: int, window_right: int) 
     if attn_mask is not None and (is_causal or window_left >= 0 or window_right >= 0):
         band = "is_causal=True" if is_causal else "a window (window_left / window_right)"
         raise ValueError(f"attn_mask cannot be combined with {band}; fold the band into the mask instead")
+
+
+def check_family(family, q: torch.Tensor, k: torch.Tensor, pass_: str) -> None:
+    """The CUDA ops run the family their caller names (csrc/cuda/families.cpp
+    choose): None raises there, past the empty calls they answer without a kernel."""
+    if family is not None or q.device.type != "cuda" or 0 in (q.size(0), q.size(1), q.size(2), k.size(2)):
+        return
+    named = "family" if pass_ == "forward" else "the forward's backward_family"
+    raise RuntimeError(f"the CUDA {pass_} op runs the family its caller names, and {named} is None (families: "
+                       f"{', '.join(family_limits())}; flash_attn() and enable() name the one the router chooses, "
+                       "which torch_flash_backend.explain() reports)")
 
 
 def mask_shape_problem(attn_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:

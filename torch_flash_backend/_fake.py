@@ -7,7 +7,7 @@ assertions agree with eager execution.
 import torch
 
 from . import _library  # noqa: F401  (registers the ops)
-from ._checks import check_band, check_inputs, check_mask
+from ._checks import check_band, check_family, check_inputs, check_mask
 
 
 def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
@@ -20,6 +20,7 @@ def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family
     check_inputs(q, k, v, scale)
     check_mask(attn_mask, q, k, scale)
     check_band(attn_mask, is_causal, window_left, window_right)
+    check_family(family, q, k, "forward")
     b, h, length, e = q.shape
     return empty_blhe(q, b, h, length, e), q.new_empty((b, h, length), dtype=torch.float32)
 
@@ -30,6 +31,7 @@ def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=N
     check_inputs(q, k, v, scale)
     check_mask(attn_mask, q, k, scale)
     check_band(attn_mask, is_causal, window_left, window_right)
+    check_family(family, q, k, "backward")
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)
     return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, e)
