@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -162,6 +163,53 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_outputs(const at::Tens
     dv.zero_();
   }
   return {dq, dk, dv};
+}
+
+// Sizes of a packed variable-length call: q (total_q, Hq, E), k and v
+// (total_k, Hkv, E), batch sequences of cu_seq_q / cu_seq_k's offsets.
+struct VarlenShape {
+  int64_t batch, total_q, total_k, heads_q, heads_kv, head_dim, max_q, max_k;
+};
+
+inline void check_offsets(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t numel) {
+  TORCH_CHECK(t.defined() && t.scalar_type() == at::kInt, name, " must be an int32 tensor, got ",
+              t.defined() ? c10::toString(t.scalar_type()) : "undefined");
+  TORCH_CHECK(t.device() == q.device(), name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK(t.dim() == 1 && t.is_contiguous(), name, " must be a contiguous 1-D tensor, got shape ", t.sizes());
+  TORCH_CHECK(numel < 0 || t.numel() == numel, name, " must have ", numel, " elements, got ", t.numel());
+}
+
+// The packed call's metadata, checked on the host without reading the
+// offsets (a device tensor's values would cost a sync): sequence b's query
+// rows are [cu_seq_q[b], cu_seq_q[b + 1]), its keys start at cu_seq_k[b] and
+// number seqused_k[b] if given, else cu_seq_k[b + 1] - cu_seq_k[b].
+inline VarlenShape check_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q,
+                                int64_t max_k, const std::optional<at::Tensor>& seqused_k) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    TORCH_CHECK(t->defined() && t->layout() == at::kStrided && !t->is_nested(), name, " must be a strided tensor");
+    TORCH_CHECK(t->dim() == 3, name, " must be 3-D (total tokens, heads, head_dim) for a packed batch, got shape ",
+                t->sizes());
+    TORCH_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1, name, " must be contiguous in its last dim, got strides ",
+                t->strides());
+  }
+  check_same(k, "k", q);
+  check_same(v, "v", q);
+  TORCH_CHECK(k.size(2) == q.size(2), "k head_dim (", k.size(2), ") must equal q head_dim (", q.size(2), ")");
+  TORCH_CHECK(v.sizes() == k.sizes(), "v shape ", v.sizes(), " must equal k shape ", k.sizes());
+  const int64_t hq = q.size(1), hkv = k.size(1);
+  TORCH_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0,
+              "q heads (", hq, ") must be a multiple of k/v heads (", hkv, ") for grouped-query attention");
+  check_offsets(cu_seq_q, "cu_seq_q", q, -1);
+  TORCH_CHECK(cu_seq_q.numel() >= 1, "cu_seq_q must hold batch + 1 offsets, got none");
+  check_offsets(cu_seq_k, "cu_seq_k", q, cu_seq_q.numel());
+  const int64_t batch = cu_seq_q.numel() - 1;
+  if (seqused_k.has_value() && seqused_k->defined()) check_offsets(*seqused_k, "seqused_k", q, batch);
+  TORCH_CHECK(max_q >= 0 && max_q <= q.size(0), "max_q must lie in [0, total query tokens ", q.size(0), "], got ",
+              max_q);
+  TORCH_CHECK(max_k >= 0 && max_k <= k.size(0), "max_k must lie in [0, total key tokens ", k.size(0), "], got ",
+              max_k);
+  return {batch, q.size(0), k.size(0), hq, hkv, q.size(2), max_q, max_k};
 }
 
 }  // namespace tfb

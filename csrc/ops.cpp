@@ -93,6 +93,22 @@ TORCH_LIBRARY(torch_flash_backend, m) {
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None,"
       " bool bottom_right=False, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // A packed variable-length batch, as FlashAttention's varlen functions and
+  // PyTorch's flash ops take it: q (total_q, Hq, E), k and v (total_k, Hkv, E);
+  // sequence b's query rows are [cu_seq_q[b], cu_seq_q[b + 1]), its keys start
+  // at cu_seq_k[b] and number seqused_k[b] if given, else up to cu_seq_k[b + 1]
+  // (int32 offsets on q's device); max_q / max_k bound every sequence's
+  // lengths. is_causal and the window are bottom-right aligned per sequence.
+  // out is (total_q, Hq, E), lse (Hq, total_q) float32 (PyTorch's varlen
+  // layout); rows no sequence covers give 0 (lse -inf).
+  m.def(
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k,"
+      " float? scale=None, bool is_causal=False, str? family=None, str? backward_family=None,"
+      " int window_left=-1, int window_right=-1, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
+  m.def(
+      "varlen_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seq_q,"
+      " Tensor cu_seq_k, int max_q, int max_k, float? scale=None, bool is_causal=False, str? family=None,"
+      " int window_left=-1, int window_right=-1, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.

@@ -45,5 +45,25 @@ def _no_double_backward(ctx, *grads):
     raise RuntimeError("torch_flash_backend: double backward (grad of the attention backward) is not supported")
 
 
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale, is_causal, _family, backward_family, window_left, window_right,
+     seqused_k) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k)
+    ctx.args = max_q, max_k, scale, is_causal, backward_family, window_left, window_right
+
+
+def _varlen_backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k = ctx.saved_tensors
+    max_q, max_k, scale, is_causal, family, window_left, window_right = ctx.args
+    dq, dk, dv = _ops.varlen_bwd(grad_out.contiguous(), q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, scale,
+                                 is_causal, family, window_left, window_right, seqused_k)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None
+
+
 torch.library.register_autograd("torch_flash_backend::fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd("torch_flash_backend::bwd", _no_double_backward)
+torch.library.register_autograd("torch_flash_backend::varlen_fwd", _varlen_backward,
+                                setup_context=_varlen_setup_context)
+torch.library.register_autograd("torch_flash_backend::varlen_bwd", _no_double_backward)

@@ -94,6 +94,46 @@ def check_band(attn_mask, is_causal: bool, window_left: int, window_right: int) 
         raise ValueError(f"attn_mask cannot be combined with {band}; fold the band into the mask instead")
 
 
+def check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k=None) -> int:
+    """csrc/checks.h check_varlen's rules (the packed ops' metadata, never the
+    offsets' values); returns the batch size."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise RuntimeError(f"{name} must be 3-D (total tokens, heads, head_dim) for a packed batch, got shape "
+                               f"{tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.size(-1) > 1:
+            raise RuntimeError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        if t.device != q.device or t.dtype != q.dtype:
+            raise RuntimeError(f"{name} is {t.dtype} on {t.device} but q is {q.dtype} on {q.device}; all inputs "
+                               "must share one device and dtype")
+    if k.size(2) != q.size(2):
+        raise RuntimeError(f"k head_dim ({k.size(2)}) must equal q head_dim ({q.size(2)})")
+    if v.shape != k.shape:
+        raise RuntimeError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    hq, hkv = q.size(1), k.size(1)
+    if (hq % hkv != 0) if hkv > 0 else hq != 0:
+        raise RuntimeError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv}) for grouped-query attention")
+    for name, t, numel in (("cu_seq_q", cu_seq_q, None), ("cu_seq_k", cu_seq_k, cu_seq_q.numel()),
+                           ("seqused_k", seqused_k, cu_seq_q.numel() - 1)):
+        if t is None:
+            continue
+        if t.dtype != torch.int32:
+            raise RuntimeError(f"{name} must be an int32 tensor, got {t.dtype}")
+        if t.device != q.device:
+            raise RuntimeError(f"{name} is on {t.device} but q is on {q.device}")
+        if t.dim() != 1 or not t.is_contiguous():
+            raise RuntimeError(f"{name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
+        if numel is not None and t.numel() != numel:
+            raise RuntimeError(f"{name} must have {numel} elements, got {t.numel()}")
+    if cu_seq_q.numel() < 1:
+        raise RuntimeError("cu_seq_q must hold batch + 1 offsets, got none")
+    if not 0 <= max_q <= q.size(0):
+        raise RuntimeError(f"max_q must lie in [0, total query tokens {q.size(0)}], got {max_q}")
+    if not 0 <= max_k <= k.size(0):
+        raise RuntimeError(f"max_k must lie in [0, total key tokens {k.size(0)}], got {max_k}")
+    return cu_seq_q.numel() - 1
+
+
 def check_family(family, q: torch.Tensor, k: torch.Tensor, pass_: str) -> None:
     """The CUDA ops run the family their caller names (csrc/cuda/families.cpp
     choose): None raises there, past the empty calls they answer without a kernel."""

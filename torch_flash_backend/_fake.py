@@ -7,7 +7,7 @@ assertions agree with eager execution.
 import torch
 
 from . import _library  # noqa: F401  (registers the ops)
-from ._checks import check_band, check_family, check_inputs, check_mask
+from ._checks import check_band, check_family, check_inputs, check_mask, check_varlen
 
 
 def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
@@ -35,3 +35,19 @@ def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=N
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)
     return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, e)
+
+
+@torch.library.register_fake("torch_flash_backend::varlen_fwd")
+def _varlen_fwd_fake(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale=None, is_causal=False, family=None,
+                     backward_family=None, window_left=-1, window_right=-1, seqused_k=None):
+    check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k)
+    check_band(None, is_causal, window_left, window_right)
+    return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
+
+
+@torch.library.register_fake("torch_flash_backend::varlen_bwd")
+def _varlen_bwd_fake(grad_out, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max_k, scale=None, is_causal=False,
+                     family=None, window_left=-1, window_right=-1, seqused_k=None):
+    check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k)
+    check_band(None, is_causal, window_left, window_right)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -9,11 +9,15 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
@@ -475,10 +479,107 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
   return {dq, dk, dv};
 }
 
+// A packed batch's sequences, read from its offsets (CPU tensors: reading
+// them costs nothing), each checked against the tensors and max_q / max_k.
+struct Sequence {
+  int64_t q0, len_q, k0, len_k;
+};
+
+std::vector<Sequence> sequences(const VarlenShape& s, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
+                                const std::optional<at::Tensor>& seqused_k) {
+  const int* cq = cu_seq_q.data_ptr<int>();
+  const int* ck = cu_seq_k.data_ptr<int>();
+  const int* used = seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr;
+  std::vector<Sequence> out(s.batch);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    TORCH_CHECK(cq[b] >= 0 && cq[b] <= cq[b + 1] && cq[b + 1] <= s.total_q, "cu_seq_q must rise from 0 or more to ",
+                "at most the ", s.total_q, " query tokens; offsets ", b, " and ", b + 1, " are ", cq[b], ", ",
+                cq[b + 1]);
+    TORCH_CHECK(ck[b] >= 0 && ck[b] <= ck[b + 1] && ck[b + 1] <= s.total_k, "cu_seq_k must rise from 0 or more to ",
+                "at most the ", s.total_k, " key tokens; offsets ", b, " and ", b + 1, " are ", ck[b], ", ", ck[b + 1]);
+    const int64_t len_k = used ? used[b] : ck[b + 1] - ck[b];
+    TORCH_CHECK(len_k >= 0 && len_k <= ck[b + 1] - ck[b], "seqused_k[", b, "] = ", len_k, " must lie in [0, ",
+                ck[b + 1] - ck[b], "], sequence ", b, "'s keys");
+    TORCH_CHECK(cq[b + 1] - cq[b] <= s.max_q, "max_q (", s.max_q, ") is below sequence ", b, "'s ",
+                cq[b + 1] - cq[b], " query tokens");
+    TORCH_CHECK(len_k <= s.max_k, "max_k (", s.max_k, ") is below sequence ", b, "'s ", len_k, " keys");
+    out[b] = {cq[b], cq[b + 1] - cq[b], ck[b], len_k};
+  }
+  return out;
+}
+
+// Rows [r0, r0 + n) of a packed (total, H, E) tensor as a (1, H, n, E) batch.
+at::Tensor as_batch(const at::Tensor& t, int64_t r0, int64_t n) { return t.narrow(0, r0, n).unsqueeze(0).transpose(1, 2); }
+
+// The packed ops run each sequence as a batch of one through the dense CPU
+// kernels (bottom-right aligned, as FlashAttention's varlen causal and
+// windows are). Rows no sequence covers, and sequences without keys, give 0
+// (lse -inf).
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
+                                                  int64_t max_q, int64_t max_k, std::optional<double> scale,
+                                                  bool is_causal, std::optional<c10::string_view> family,
+                                                  std::optional<c10::string_view> backward_family,
+                                                  int64_t window_left, int64_t window_right,
+                                                  const std::optional<at::Tensor>& seqused_k) {
+  const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  check_family(family);
+  check_family(backward_family);
+  mask_args(false, is_causal, true, window_left, window_right);  // the window's checks
+  at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
+                            q.options().dtype(at::kFloat));
+  for (const Sequence& seq : sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
+    if (seq.len_q == 0 || seq.len_k == 0) continue;
+    at::Tensor o, l;
+    std::tie(o, l) = fwd_cpu(as_batch(q, seq.q0, seq.len_q), as_batch(k, seq.k0, seq.len_k),
+                             as_batch(v, seq.k0, seq.len_k), scale, is_causal, family, backward_family, std::nullopt,
+                             true, window_left, window_right);
+    as_batch(out, seq.q0, seq.len_q).copy_(o);
+    lse.narrow(1, seq.q0, seq.len_q).copy_(l[0]);
+  }
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
+    std::optional<double> scale, bool is_causal, std::optional<c10::string_view> family, int64_t window_left,
+    int64_t window_right, const std::optional<at::Tensor>& seqused_k) {
+  const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  check_family(family);
+  for (auto [t, name] : {std::pair{&grad_out, "grad_out"}, {&out, "out"}}) {
+    check_same(*t, name, q);
+    TORCH_CHECK(t->sizes() == q.sizes(), name, " shape ", t->sizes(), " must equal q shape ", q.sizes());
+  }
+  TORCH_CHECK(lse.defined() && lse.scalar_type() == at::kFloat && lse.device() == q.device() && lse.dim() == 2 &&
+                  lse.size(0) == s.heads_q && lse.size(1) == s.total_q,
+              "lse must be a float32 tensor of shape (", s.heads_q, ", ", s.total_q, ") on q's device");
+  mask_args(false, is_causal, true, window_left, window_right);
+  at::Tensor dq = at::zeros_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor dk = at::zeros_like(k, at::MemoryFormat::Contiguous);
+  at::Tensor dv = at::zeros_like(v, at::MemoryFormat::Contiguous);
+  for (const Sequence& seq : sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
+    if (seq.len_q == 0 || seq.len_k == 0) continue;
+    at::Tensor g_q, g_k, g_v;
+    std::tie(g_q, g_k, g_v) =
+        bwd_cpu(as_batch(grad_out, seq.q0, seq.len_q), as_batch(q, seq.q0, seq.len_q), as_batch(k, seq.k0, seq.len_k),
+                as_batch(v, seq.k0, seq.len_k), as_batch(out, seq.q0, seq.len_q),
+                lse.narrow(1, seq.q0, seq.len_q).unsqueeze(0).contiguous(), scale, is_causal, family, std::nullopt,
+                true, window_left, window_right);
+    as_batch(dq, seq.q0, seq.len_q).copy_(g_q);
+    as_batch(dk, seq.k0, seq.len_k).copy_(g_k);
+    as_batch(dv, seq.k0, seq.len_k).copy_(g_v);
+  }
+  return {dq, dk, dv};
+}
+
 }  // namespace
 }  // namespace tfb
 
 TORCH_LIBRARY_IMPL(torch_flash_backend, CPU, m) {
   m.impl("fwd", &tfb::fwd_cpu);
   m.impl("bwd", &tfb::bwd_cpu);
+  m.impl("varlen_fwd", &tfb::varlen_fwd_cpu);
+  m.impl("varlen_bwd", &tfb::varlen_bwd_cpu);
 }

@@ -117,10 +117,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   return {dq, dk, dv};
 }
 
+// No CUDA family reads per-sequence lengths (params.h SeqLens) yet: the
+// packed ops check their arguments as on CPU, then say so.
+std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
+                                                   int64_t max_q, int64_t max_k, std::optional<double>, bool,
+                                                   std::optional<c10::string_view>, std::optional<c10::string_view>,
+                                                   int64_t, int64_t, const std::optional<at::Tensor>& seqused_k) {
+  check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  TORCH_CHECK(false, "varlen_fwd: no CUDA kernel family reads packed variable-length batches in this build ",
+              "(the CPU ops do)");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
+    const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&,
+    const at::Tensor&, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
+    std::optional<double>, bool, std::optional<c10::string_view>, int64_t, int64_t,
+    const std::optional<at::Tensor>& seqused_k) {
+  check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  TORCH_CHECK(false, "varlen_bwd: no CUDA kernel family reads packed variable-length batches in this build ",
+              "(the CPU ops do)");
+}
+
 }  // namespace
 }  // namespace tfb
 
 TORCH_LIBRARY_IMPL(torch_flash_backend, CUDA, m) {
   m.impl("fwd", &tfb::fwd_cuda);
   m.impl("bwd", &tfb::bwd_cuda);
+  m.impl("varlen_fwd", &tfb::varlen_fwd_cuda);
+  m.impl("varlen_bwd", &tfb::varlen_bwd_cuda);
 }
