@@ -25,6 +25,7 @@ struct SeqLens {
   const int* cu_q = nullptr;    // (B + 1); batch b's query rows are [cu_q[b], cu_q[b + 1])
   const int* cu_k = nullptr;    // (B + 1); the same for keys
   const int* used_k = nullptr;  // (B); keys in use per batch, at most the batch's length
+  int64_t total_q = 0;          // with cu_q: the packed q's rows, lse's stride per head
 
   // Batch b's lengths, given the params' (longest) len_q / len_k.
   TFB_PARAMS_HD int q(int b, int len_q) const { return cu_q ? cu_q[b + 1] - cu_q[b] : len_q; }
@@ -93,7 +94,7 @@ struct AttnFwdParams {
   const void* k;  // (B, Hkv, S, E)
   const void* v;  // (B, Hkv, S, E)
   void* o;        // (B, Hq, L, E)
-  float* lse;     // (B, Hq, L), contiguous; natural-log logsumexp of the scaled scores
+  float* lse;     // (B, Hq, L), contiguous, or (Hq, total_q) packed: lse_offset; natural-log logsumexp of the scaled scores
 
   int64_t q_batch_stride, q_head_stride, q_row_stride;
   int64_t k_batch_stride, k_head_stride, k_row_stride;
@@ -125,6 +126,16 @@ struct AttnFwdParams {
   // Batch b's query and key lengths: kernels read lengths through these.
   TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.q(b, len_q); }
   TFB_PARAMS_HD int seqlen_k(int b) const { return seqlens.k(b, len_k); }
+  // Where batch b's first row starts, in elements: at its offset in a packed
+  // batch (seqlens.cu_q / cu_k), else b batch strides in.
+  TFB_PARAMS_HD int64_t q_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * q_row_stride : b * q_batch_stride; }
+  TFB_PARAMS_HD int64_t o_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * o_row_stride : b * o_batch_stride; }
+  TFB_PARAMS_HD int64_t k_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * k_row_stride : b * k_batch_stride; }
+  TFB_PARAMS_HD int64_t v_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * v_row_stride : b * v_batch_stride; }
+  // lse of batch b, head h, its row 0: (B, Hq, L) contiguous, or (Hq, total_q) for a packed batch.
+  TFB_PARAMS_HD int64_t lse_offset(int b, int h) const {
+    return seqlens.cu_q ? h * seqlens.total_q + seqlens.cu_q[b] : (int64_t(b) * heads_q + h) * len_q;
+  }
 };
 
 struct AttnBwdParams : AttnFwdParams {

@@ -1,6 +1,9 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
 // (fill_params.h), launch the kernel of the op's `family` argument
 // (families.h checks it can) on the current stream.
+#include <climits>
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -117,25 +120,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   return {dq, dk, dv};
 }
 
-// No CUDA family reads per-sequence lengths (params.h SeqLens) yet: the
-// packed ops check their arguments as on CPU, then say so.
+// A packed batch: the dense path's params over (1, H, total, E) views of the
+// packed tensors, then the per-batch lengths and offsets (params.h SeqLens),
+// which the family reads through the params' accessors. Rows no sequence
+// covers, and sequences without keys, give 0 (lse -inf): outputs start so.
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
-                                                   int64_t max_q, int64_t max_k, std::optional<double>, bool,
-                                                   std::optional<c10::string_view>, std::optional<c10::string_view>,
-                                                   int64_t, int64_t, const std::optional<at::Tensor>& seqused_k) {
-  check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
-  TORCH_CHECK(false, "varlen_fwd: no CUDA kernel family reads packed variable-length batches in this build ",
-              "(the CPU ops do)");
+                                                   int64_t max_q, int64_t max_k, std::optional<double> scale,
+                                                   bool is_causal, std::optional<c10::string_view> family,
+                                                   std::optional<c10::string_view> /*backward_family: autograd's*/,
+                                                   int64_t window_left, int64_t window_right,
+                                                   const std::optional<at::Tensor>& seqused_k) {
+  const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
+                            q.options().dtype(at::kFloat));
+  if (s.batch == 0 || s.max_q == 0 || s.max_k == 0 || s.heads_q == 0 || s.head_dim == 0) return {out, lse};
+  const DeviceInfo& info = check_cuda_device(q);
+  const DType dtype = to_dtype(q);
+  auto as_rows = [](const at::Tensor& t) { return t.unsqueeze(0).transpose(1, 2); };  // (1, H, total, E)
+  const at::Tensor q4 = as_rows(q), k4 = as_rows(k), v4 = as_rows(v), out4 = as_rows(out);
+  check_vector_aligned(q4, "q");
+  check_vector_aligned(k4, "k");
+  check_vector_aligned(v4, "v");
+  TORCH_CHECK(s.total_q < INT32_MAX && s.total_k < INT32_MAX, "packed batches hold fewer than 2^31 tokens");
+  AttnFwdParams p{};
+  fill_fwd(p, q4, k4, v4, out4, lse.unsqueeze(0), {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim},
+           softmax_scale(scale, s.head_dim), info.num_sms);
+  fill_mask(p, at::Tensor(), band);
+  p.batch = static_cast<int>(s.batch);
+  p.len_q = static_cast<int>(s.max_q);
+  p.len_k = static_cast<int>(s.max_k);
+  p.seqlens.cu_q = cu_seq_q.data_ptr<int>();
+  p.seqlens.cu_k = cu_seq_k.data_ptr<int>();
+  p.seqlens.used_k = seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr;
+  p.seqlens.total_q = s.total_q;
+  const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
+  const at::Tensor workspace = attach_workspace(chosen, p, q);
+  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
+              " launch failed: ", cudaGetErrorString(err));
+  return {out, lse};
 }
 
+// No CUDA backward reads per-sequence lengths yet: the op checks its
+// arguments as on CPU, then says so.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&,
     const at::Tensor&, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
     std::optional<double>, bool, std::optional<c10::string_view>, int64_t, int64_t,
     const std::optional<at::Tensor>& seqused_k) {
   check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
-  TORCH_CHECK(false, "varlen_bwd: no CUDA kernel family reads packed variable-length batches in this build ",
+  TORCH_CHECK(false, "varlen_bwd: no CUDA backward reads packed variable-length batches in this build ",
               "(the CPU ops do)");
 }
 

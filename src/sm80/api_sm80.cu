@@ -63,8 +63,10 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
   });
 }
 
-bool can_run_fwd(const AttnFwdParams&) { return true; }
-bool can_run_bwd(const AttnBwdParams&) { return true; }
+// Per-batch lengths (a packed batch) with a band or none; the backward reads uniform lengths alone.
+bool per_batch_lengths(const AttnFwdParams& p) { return p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k; }
+bool can_run_fwd(const AttnFwdParams& p) { return !per_batch_lengths(p) || !p.mask.in_memory(); }
+bool can_run_bwd(const AttnBwdParams& p) { return !per_batch_lengths(p); }
 
 // attn_mask's tile summary (common/mask_summary.h) for the pass's tiles; the
 // backward's follows its accumulators.

@@ -31,7 +31,7 @@ struct FwdEpilogue {
     Tensor coord_rc = acc_rowcol(coord);
     static_assert(decltype(size<0>(coord_rc))::value == decltype(size(lse))::value);
     if (get<1>(coord_rc(0, 0)) == 0) {
-      float* lse_rows = p.lse + (int64_t(batch) * p.heads_q + head) * p.len_q;
+      float* lse_rows = p.lse + p.lse_offset(batch, head);
 #pragma unroll
       for (int r = 0; r < size(lse); ++r) {
         const int row = m0 + get<0>(coord_rc(r, 0));
@@ -49,7 +49,7 @@ struct FwdEpilogue {
     __syncthreads();
 
     // Shared -> global, rows past the sequence end left alone.
-    auto o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    auto o_ptr = static_cast<Element*>(p.o) + p.o_offset(batch) + head * p.o_head_stride;
     Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(len_q, Int<kHeadDim>{}),
                             make_stride(p.o_row_stride, _1{}));
     Tensor gO = local_tile(mO, TileO{}, make_coord(m_block, 0));

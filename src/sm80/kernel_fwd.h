@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(__grid_constant__
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const typename FwdMainloop<Traits, Policy>::Mask mask{
       mask::policy_of<Policy>(p, batch, head, p.seqlen_q(batch), p.seqlen_k(batch))};
+  // The grid covers the longest sequence (len_q); a packed batch's shorter ones have fewer tiles.
+  if (int(blockIdx.x) >= mask.num_m_blocks()) return;
   // A band's tiles further down see more keys; launching them first shortens the tail.
   const int m_block = p.mask.right_bounded() ? mask.num_m_blocks() - 1 - int(blockIdx.x) : int(blockIdx.x);
   // The fast pass leaves rows whose scores reach 2^10 in exp2 units inexact;

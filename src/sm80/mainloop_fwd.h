@@ -48,9 +48,9 @@ struct FwdMainloop {
       auto ptr = static_cast<Element const*>(base) + batch_off + head_off;
       return make_tensor(make_gmem_ptr(ptr), make_shape(len, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
     };
-    Tensor mQ = rows(p.q, batch * p.q_batch_stride, head * p.q_head_stride, len_q, p.q_row_stride);
-    Tensor mK = rows(p.k, batch * p.k_batch_stride, kv_head * p.k_head_stride, len_k, p.k_row_stride);
-    Tensor mV = rows(p.v, batch * p.v_batch_stride, kv_head * p.v_head_stride, len_k, p.v_row_stride);
+    Tensor mQ = rows(p.q, p.q_offset(batch), head * p.q_head_stride, len_q, p.q_row_stride);
+    Tensor mK = rows(p.k, p.k_offset(batch), kv_head * p.k_head_stride, len_k, p.k_row_stride);
+    Tensor mV = rows(p.v, p.v_offset(batch), kv_head * p.v_head_stride, len_k, p.v_row_stride);
     Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));  // (M, D)
     Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));       // (N, D, n_block)
     Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));
