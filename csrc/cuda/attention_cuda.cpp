@@ -56,6 +56,15 @@ at::Tensor attach_workspace(const PassKernels<Params>& kernels, Params& p, const
   return workspace;
 }
 
+// Runs the chosen kernels on the current stream, with the scratch they ask for.
+template <class Params>
+void launch(const PassKernels<Params>& chosen, Params& p, DType dtype, const at::Tensor& q) {
+  const at::Tensor workspace = attach_workspace(chosen, p, q);
+  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
+              " launch failed: ", cudaGetErrorString(err));
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                             std::optional<double> scale, bool is_causal,
                                             std::optional<c10::string_view> family,
@@ -78,10 +87,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
   fill_mask(p, mask, band);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
-  const at::Tensor workspace = attach_workspace(chosen, p, q);
-  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
-              " launch failed: ", cudaGetErrorString(err));
+  launch(chosen, p, dtype, q);
   return {out, lse};
 }
 
@@ -113,10 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   fill_mask(p, mask, band);
   fill_bwd(p, grad_out, dq, dk, dv);
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
-  const at::Tensor workspace = attach_workspace(chosen, p, q);
-  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
-              " launch failed: ", cudaGetErrorString(err));
+  launch(chosen, p, dtype, q);
   return {dq, dk, dv};
 }
 
@@ -158,10 +161,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   p.seqlens.used_k = seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr;
   p.seqlens.total_q = s.total_q;
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
-  const at::Tensor workspace = attach_workspace(chosen, p, q);
-  const cudaError_t err = chosen.run(p, dtype, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend ", chosen.name(dtype, p.head_dim),
-              " launch failed: ", cudaGetErrorString(err));
+  launch(chosen, p, dtype, q);
   return {out, lse};
 }
 
