@@ -8,6 +8,7 @@
 #include <optional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -210,6 +211,32 @@ inline VarlenShape check_varlen(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(max_k >= 0 && max_k <= k.size(0), "max_k must lie in [0, total key tokens ", k.size(0), "], got ",
               max_k);
   return {batch, q.size(0), k.size(0), hq, hkv, q.size(2), max_q, max_k};
+}
+
+// A packed batch's sequence b: query rows [q0, q0 + len_q), keys [k0, k0 + len_k).
+struct Sequence {
+  int64_t q0, len_q, k0, len_k;
+};
+
+// The offsets' values, on the host: each sequence inside the packed tensors,
+// rising, within max_q / max_k, seqused_k within its sequence's keys.
+inline std::vector<Sequence> check_sequences(const VarlenShape& s, const int* cq, const int* ck, const int* used) {
+  std::vector<Sequence> out(s.batch);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    TORCH_CHECK(cq[b] >= 0 && cq[b] <= cq[b + 1] && cq[b + 1] <= s.total_q, "cu_seq_q must rise from 0 or more to ",
+                "at most the ", s.total_q, " query tokens; offsets ", b, " and ", b + 1, " are ", cq[b], ", ",
+                cq[b + 1]);
+    TORCH_CHECK(ck[b] >= 0 && ck[b] <= ck[b + 1] && ck[b + 1] <= s.total_k, "cu_seq_k must rise from 0 or more to ",
+                "at most the ", s.total_k, " key tokens; offsets ", b, " and ", b + 1, " are ", ck[b], ", ", ck[b + 1]);
+    const int64_t len_k = used ? used[b] : ck[b + 1] - ck[b];
+    TORCH_CHECK(len_k >= 0 && len_k <= ck[b + 1] - ck[b], "seqused_k[", b, "] = ", len_k, " must lie in [0, ",
+                ck[b + 1] - ck[b], "], sequence ", b, "'s keys");
+    TORCH_CHECK(cq[b + 1] - cq[b] <= s.max_q, "max_q (", s.max_q, ") is below sequence ", b, "'s ",
+                cq[b + 1] - cq[b], " query tokens");
+    TORCH_CHECK(len_k <= s.max_k, "max_k (", s.max_k, ") is below sequence ", b, "'s ", len_k, " keys");
+    out[b] = {cq[b], cq[b + 1] - cq[b], ck[b], len_k};
+  }
+  return out;
 }
 
 }  // namespace tfb

@@ -214,3 +214,24 @@ def test_cuda_families_and_backward_say_what_they_cannot():
     out, lse = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
     with pytest.raises(RuntimeError, match="no CUDA backward reads packed variable-length batches"):
         ops.varlen_bwd(out, q, k, v, out, lse, cu_q, cu_k, 33, 40, None, False, "sm80")
+
+
+@pytest.mark.gpu
+def test_cuda_bad_offset_values_raise_before_any_kernel():
+    """Offsets whose values are wrong (falling, past the packed tensors, above
+    max_q) raise naming the argument; the GPU stays usable."""
+    _cuda()
+    q, k, v, cu_q, cu_k = (t.cuda() for t in packed(LENS_Q, LENS_K, e=64, dtype=torch.bfloat16))
+    for name, bad_q, bad_k, message in [
+        ("past the keys", cu_q, cu_k + 1000, "cu_seq_k must rise"),
+        ("falling", torch.tensor([0, 5, 3, 20, 21, 54, 65], dtype=torch.int32, device="cuda"), cu_k,
+         "cu_seq_q must rise"),
+        ("negative", cu_q - 1, cu_k, "cu_seq_q must rise"),
+    ]:
+        with pytest.raises(RuntimeError, match=message):
+            ops.varlen_fwd(q, k, v, bad_q, bad_k, 33, 40, None, False, "sm80")
+    with pytest.raises(RuntimeError, match=r"max_q \(8\) is below"):
+        ops.varlen_fwd(q, k, v, cu_q, cu_k, 8, 40, None, False, "sm80")
+    out, _ = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
+    torch.cuda.synchronize()
+    assert out.isfinite().all()

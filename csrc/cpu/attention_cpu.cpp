@@ -480,32 +480,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
 }
 
 // A packed batch's sequences, read from its offsets (CPU tensors: reading
-// them costs nothing), each checked against the tensors and max_q / max_k.
-struct Sequence {
-  int64_t q0, len_q, k0, len_k;
-};
-
+// them costs nothing), checked against the tensors and max_q / max_k.
 std::vector<Sequence> sequences(const VarlenShape& s, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
                                 const std::optional<at::Tensor>& seqused_k) {
-  const int* cq = cu_seq_q.data_ptr<int>();
-  const int* ck = cu_seq_k.data_ptr<int>();
-  const int* used = seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr;
-  std::vector<Sequence> out(s.batch);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    TORCH_CHECK(cq[b] >= 0 && cq[b] <= cq[b + 1] && cq[b + 1] <= s.total_q, "cu_seq_q must rise from 0 or more to ",
-                "at most the ", s.total_q, " query tokens; offsets ", b, " and ", b + 1, " are ", cq[b], ", ",
-                cq[b + 1]);
-    TORCH_CHECK(ck[b] >= 0 && ck[b] <= ck[b + 1] && ck[b + 1] <= s.total_k, "cu_seq_k must rise from 0 or more to ",
-                "at most the ", s.total_k, " key tokens; offsets ", b, " and ", b + 1, " are ", ck[b], ", ", ck[b + 1]);
-    const int64_t len_k = used ? used[b] : ck[b + 1] - ck[b];
-    TORCH_CHECK(len_k >= 0 && len_k <= ck[b + 1] - ck[b], "seqused_k[", b, "] = ", len_k, " must lie in [0, ",
-                ck[b + 1] - ck[b], "], sequence ", b, "'s keys");
-    TORCH_CHECK(cq[b + 1] - cq[b] <= s.max_q, "max_q (", s.max_q, ") is below sequence ", b, "'s ",
-                cq[b + 1] - cq[b], " query tokens");
-    TORCH_CHECK(len_k <= s.max_k, "max_k (", s.max_k, ") is below sequence ", b, "'s ", len_k, " keys");
-    out[b] = {cq[b], cq[b + 1] - cq[b], ck[b], len_k};
-  }
-  return out;
+  return check_sequences(s, cu_seq_q.data_ptr<int>(), cu_seq_k.data_ptr<int>(),
+                         seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr);
 }
 
 // Rows [r0, r0 + n) of a packed (total, H, E) tensor as a (1, H, n, E) batch.
