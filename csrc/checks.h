@@ -180,6 +180,11 @@ inline void check_offsets(const at::Tensor& t, const char* name, const at::Tenso
   TORCH_CHECK(numel < 0 || t.numel() == numel, name, " must have ", numel, " elements, got ", t.numel());
 }
 
+// An optional tensor argument, or null when it is absent or undefined.
+inline const at::Tensor* present(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+
 // The packed call's metadata, checked on the host without reading the
 // offsets (a device tensor's values would cost a sync): sequence b's query
 // rows are [cu_seq_q[b], cu_seq_q[b + 1]), its keys start at cu_seq_k[b] and
@@ -205,7 +210,7 @@ inline VarlenShape check_varlen(const at::Tensor& q, const at::Tensor& k, const 
   TORCH_CHECK(cu_seq_q.numel() >= 1, "cu_seq_q must hold batch + 1 offsets, got none");
   check_offsets(cu_seq_k, "cu_seq_k", q, cu_seq_q.numel());
   const int64_t batch = cu_seq_q.numel() - 1;
-  if (seqused_k.has_value() && seqused_k->defined()) check_offsets(*seqused_k, "seqused_k", q, batch);
+  if (const at::Tensor* used = present(seqused_k)) check_offsets(*used, "seqused_k", q, batch);
   TORCH_CHECK(max_q >= 0 && max_q <= q.size(0), "max_q must lie in [0, total query tokens ", q.size(0), "], got ",
               max_q);
   TORCH_CHECK(max_k >= 0 && max_k <= k.size(0), "max_k must lie in [0, total key tokens ", k.size(0), "], got ",
@@ -218,9 +223,17 @@ struct Sequence {
   int64_t q0, len_q, k0, len_k;
 };
 
-// The offsets' values, on the host: each sequence inside the packed tensors,
-// rising, within max_q / max_k, seqused_k within its sequence's keys.
-inline std::vector<Sequence> check_sequences(const VarlenShape& s, const int* cq, const int* ck, const int* used) {
+// The offsets' values, read on the host (a CUDA tensor's are copied there: a
+// sync), checked: each sequence inside the packed tensors, rising, within
+// max_q / max_k, seqused_k within its sequence's keys.
+inline std::vector<Sequence> check_sequences(const VarlenShape& s, const at::Tensor& cu_seq_q,
+                                             const at::Tensor& cu_seq_k, const std::optional<at::Tensor>& seqused_k) {
+  const at::Tensor host_q = cu_seq_q.cpu(), host_k = cu_seq_k.cpu();
+  const at::Tensor* used_k = present(seqused_k);
+  const at::Tensor host_used = used_k ? used_k->cpu() : at::Tensor();
+  const int* cq = host_q.data_ptr<int>();
+  const int* ck = host_k.data_ptr<int>();
+  const int* used = used_k ? host_used.data_ptr<int>() : nullptr;
   std::vector<Sequence> out(s.batch);
   for (int64_t b = 0; b < s.batch; ++b) {
     TORCH_CHECK(cq[b] >= 0 && cq[b] <= cq[b + 1] && cq[b + 1] <= s.total_q, "cu_seq_q must rise from 0 or more to ",

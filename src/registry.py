@@ -104,7 +104,7 @@ def instantiation_file(family_name: str, pass_: str, head_dim: int) -> str:
 
 
 def instantiation_files(fam: Family, head_dims=None) -> list[str]:
-    """The family's files, the costliest first (backward before forward, larger
-    head dims first), so that a build's last jobs are short ones."""
+    """The family's files, backward before forward, larger head dims first
+    (setup.py orders every family's files together by their compile cost)."""
     keys = [(p != "bwd", -d, p, d) for p in fam.passes for d in fam.dims(p) if head_dims is None or d in head_dims]
     return [instantiation_file(fam.name, p, d) for *_, p, d in sorted(keys)]

@@ -134,10 +134,15 @@ def check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k=None) -> i
     return cu_seq_q.numel() - 1
 
 
+def empty_call(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """No batch, head, query or key: the ops answer without a kernel (csrc/checks.h is_empty_problem)."""
+    return 0 in (q.size(0), q.size(1), q.size(2), k.size(2))
+
+
 def check_family(family, q: torch.Tensor, k: torch.Tensor, pass_: str) -> None:
     """The CUDA ops run the family their caller names (csrc/cuda/families.cpp
     choose): None raises there, past the empty calls they answer without a kernel."""
-    if family is not None or q.device.type != "cuda" or 0 in (q.size(0), q.size(1), q.size(2), k.size(2)):
+    if family is not None or q.device.type != "cuda" or empty_call(q, k):
         return
     named = "family" if pass_ == "forward" else "the forward's backward_family"
     raise RuntimeError(f"the CUDA {pass_} op runs the family its caller names, and {named} is None (families: "

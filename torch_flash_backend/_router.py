@@ -392,7 +392,7 @@ def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable
     (decide(pinned=True)), raising with the reason when none serves; (None,
     None) off CUDA, where the CPU ops serve every call, and for an empty call
     (no batch, head, query or key), which the ops answer without a kernel."""
-    if q.device.type != "cuda" or 0 in (q.size(0), q.size(1), q.size(2), k.size(2)):
+    if q.device.type != "cuda" or _checks.empty_call(q, k):
         return None, None
     decision = decide(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa, needs_grad=needs_grad,
                       bottom_right=bottom_right, pinned=True)

@@ -479,14 +479,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cpu(const at::Tensor& grad_ou
   return {dq, dk, dv};
 }
 
-// A packed batch's sequences, read from its offsets (CPU tensors: reading
-// them costs nothing), checked against the tensors and max_q / max_k.
-std::vector<Sequence> sequences(const VarlenShape& s, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
-                                const std::optional<at::Tensor>& seqused_k) {
-  return check_sequences(s, cu_seq_q.data_ptr<int>(), cu_seq_k.data_ptr<int>(),
-                         seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr);
-}
-
 // Rows [r0, r0 + n) of a packed (total, H, E) tensor as a (1, H, n, E) batch.
 at::Tensor as_batch(const at::Tensor& t, int64_t r0, int64_t n) { return t.narrow(0, r0, n).unsqueeze(0).transpose(1, 2); }
 
@@ -508,7 +500,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
   at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
   at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
                             q.options().dtype(at::kFloat));
-  for (const Sequence& seq : sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
+  for (const Sequence& seq : check_sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
     if (seq.len_q == 0 || seq.len_k == 0) continue;
     at::Tensor o, l;
     std::tie(o, l) = fwd_cpu(as_batch(q, seq.q0, seq.len_q), as_batch(k, seq.k0, seq.len_k),
@@ -538,7 +530,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
   at::Tensor dq = at::zeros_like(q, at::MemoryFormat::Contiguous);
   at::Tensor dk = at::zeros_like(k, at::MemoryFormat::Contiguous);
   at::Tensor dv = at::zeros_like(v, at::MemoryFormat::Contiguous);
-  for (const Sequence& seq : sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
+  for (const Sequence& seq : check_sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {
     if (seq.len_q == 0 || seq.len_k == 0) continue;
     at::Tensor g_q, g_k, g_v;
     std::tie(g_q, g_k, g_v) =

@@ -137,15 +137,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
   const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
-  {
-    // The kernels trust the offsets, so their values are checked here first, on
-    // the host: a copy and a device sync per call, until the kernels clamp what
-    // they read (no wrong offset then reads outside the tensors).
-    const at::Tensor cq = cu_seq_q.cpu(), ck = cu_seq_k.cpu();
-    const bool used = seqused_k.has_value() && seqused_k->defined();
-    const at::Tensor u = used ? seqused_k->cpu() : at::Tensor();
-    check_sequences(s, cq.data_ptr<int>(), ck.data_ptr<int>(), used ? u.data_ptr<int>() : nullptr);
-  }
+  // The kernels trust the offsets, so their values are checked first, on the
+  // host: a copy and a device sync per call, until the kernels clamp what they
+  // read (no wrong offset then reads outside the tensors).
+  check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
   at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
   at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
                             q.options().dtype(at::kFloat));
@@ -167,7 +162,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   p.len_k = static_cast<int>(s.max_k);
   p.seqlens.cu_q = cu_seq_q.data_ptr<int>();
   p.seqlens.cu_k = cu_seq_k.data_ptr<int>();
-  p.seqlens.used_k = seqused_k.has_value() && seqused_k->defined() ? seqused_k->data_ptr<int>() : nullptr;
+  const at::Tensor* used_k = present(seqused_k);
+  p.seqlens.used_k = used_k ? used_k->data_ptr<int>() : nullptr;
   p.seqlens.total_q = s.total_q;
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
