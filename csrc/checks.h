@@ -252,4 +252,28 @@ inline std::vector<Sequence> check_sequences(const VarlenShape& s, const at::Ten
   return out;
 }
 
+// Whether the sequences cover every packed query row (keys: every key row),
+// sequences being disjoint: rows no sequence covers get 0 in the outputs.
+inline bool covers_every_row(const std::vector<Sequence>& seqs, int64_t total, bool keys) {
+  int64_t covered = 0;
+  for (const Sequence& seq : seqs) covered += keys ? seq.len_k : seq.len_q;
+  return covered == total;
+}
+
+// The backward's extra tensors of a packed call: grad_out and out as q,
+// lse (Hq, total_q) float32 as varlen_fwd returns it.
+inline void check_varlen_bwd_extra(const VarlenShape& s, const at::Tensor& grad_out, const at::Tensor& out,
+                                   const at::Tensor& lse, const at::Tensor& q) {
+  for (auto [t, name] : {std::pair{&grad_out, "grad_out"}, {&out, "out"}}) {
+    check_same(*t, name, q);
+    TORCH_CHECK(t->sizes() == q.sizes(), name, " shape ", t->sizes(), " must equal q shape ", q.sizes());
+    TORCH_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1, name, " must be contiguous in its last dim, got strides ",
+                t->strides());
+  }
+  TORCH_CHECK(lse.defined() && lse.scalar_type() == at::kFloat && lse.device() == q.device() && lse.dim() == 2 &&
+                  lse.size(0) == s.heads_q && lse.size(1) == s.total_q,
+              "lse must be a float32 tensor of shape (", s.heads_q, ", ", s.total_q, ") on q's device");
+  TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous, got strides ", lse.strides());
+}
+
 }  // namespace tfb

@@ -12,9 +12,10 @@ large enough for the exact softmax pass, and more heads than grid y holds.
 The sm80 pass also runs the decode family's grid (split-KV, short queries);
 "decode" runs that grid alone, head dim 256 included; "masks" the tiled
 families' masks (boolean and additive), forward and backward; "windows" their
-bands with a left edge (sliding windows), forward and backward.
+bands with a left edge (sliding windows), forward and backward; "varlen"
+packed variable-length batches, forward and backward, and offsets the ops refuse.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen]
 
 An argument runs that pass alone (racecheck takes minutes per pass).
 """
@@ -178,6 +179,43 @@ def windows(head_dims):
     torch.cuda.synchronize()
 
 
+def varlen(head_dims):
+    """Packed variable-length batches (varlen_fwd / varlen_bwd) in every family
+    that reads them: empty sequences (no queries, no keys) at either end and
+    between, one long sequence among short ones, rows no sequence covers, L !=
+    S, GQA, causal and windows, the deterministic backward; then offsets
+    whose values are wrong (past the tokens, falling), which must raise before
+    any kernel reads them."""
+    torch.manual_seed(0)
+    families = sorted({k.split("_")[0] for k in _router.probe.kernels() if k.seqlens and k.pass_ == "bwd"})
+    lens_q = [0, 130, 1, 77, 0, 700, 5, 0]
+    lens_k = [9, 200, 0, 77, 3, 650, 64, 0]
+    cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+          for lens in (lens_q, lens_k)]
+    for e in head_dims + [32, 256]:
+        q = torch.randn(sum(lens_q) + 3, 8, e, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(sum(lens_k), 2, e, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        for family in families:
+            for i, (causal, left, right) in enumerate(((False, -1, -1), (True, -1, -1), (True, 50, -1), (False, 3, 9))):
+                out, lse = ops.varlen_fwd(q, k, v, *cu, max(lens_q), max(lens_k), None, causal, family, None, left,
+                                          right)
+                torch.use_deterministic_algorithms(i == 1)
+                try:
+                    ops.varlen_bwd(torch.randn_like(out), q, k, v, out, lse, *cu, max(lens_q), max(lens_k), None,
+                                   causal, family, left, right)
+                finally:
+                    torch.use_deterministic_algorithms(False)
+            for bad_q, bad_k in ((cu[0], cu[1] + 5000), (cu[0].flip(0), cu[1])):
+                try:
+                    ops.varlen_fwd(q, k, v, bad_q, bad_k, max(lens_q), max(lens_k), None, False, family)
+                except RuntimeError:
+                    pass
+                else:
+                    raise AssertionError("wrong offsets were not refused")
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -193,6 +231,10 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "windows":  # the windows grid alone
         windows(head_dims)
         print(f"sanitize grid ran: windows, head dims {head_dims + [32, 256]}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "varlen":  # the packed grid alone
+        varlen(head_dims)
+        print(f"sanitize grid ran: varlen, head dims {head_dims + [32, 256]}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "masks":  # the masked grid alone
         masks(head_dims)

@@ -148,6 +148,12 @@ struct AttnBwdParams : AttnFwdParams {
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
 
+  // Where batch b's first row starts in dout, dq (rows as q's) and dk, dv (as k's).
+  TFB_PARAMS_HD int64_t do_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * do_row_stride : b * do_batch_stride; }
+  TFB_PARAMS_HD int64_t dq_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * dq_row_stride : b * dq_batch_stride; }
+  TFB_PARAMS_HD int64_t dk_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * dk_row_stride : b * dk_batch_stride; }
+  TFB_PARAMS_HD int64_t dv_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * dv_row_stride : b * dv_batch_stride; }
+
   // dQ summed in a fixed order, so that every run gives the same bits
   // (torch.use_deterministic_algorithms); the workspace grows with it.
   bool deterministic;

@@ -37,6 +37,9 @@ class Family:
     # The passes that read a band's left edge (a sliding window, window_left);
     # every pass reads is_causal's band and any right edge.
     windows: tuple[str, ...] = ()
+    # The passes that read per-sequence lengths (params.h SeqLens): packed
+    # variable-length batches (cumulative offsets) and seqused_k.
+    seqlens: tuple[str, ...] = ()
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # (pass, head dim) instantiations whose tiles need a wgmma width that CuTe
@@ -84,7 +87,7 @@ FAMILIES = (
         # sm_80 machine code plus PTX, so Ada and Hopper run the family too.
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual",
-        stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"), windows=("fwd", "bwd"),
+        stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"), windows=("fwd", "bwd"), seqlens=("fwd", "bwd"),
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )

@@ -44,9 +44,13 @@ def test_activate_and_restore(restore):
 
 def test_handle_remove_is_idempotent():
     handle = _provider.register()
+    assert _provider.active()
     handle.remove()
     handle.remove()
-    assert all("_provider.py" not in line for lines in cuda_kernel_sources().values() for line in lines)
+    assert not _provider.active()
+    # The SDPA flash ops get PyTorch's kernels back; the flash ops keep the switch (test_varlen.py).
+    sources = cuda_kernel_sources()
+    assert all("_provider.py" not in line for op in OPS[len(_provider._SWITCH_OPS):] for line in sources[op])
 
 
 class Recorder:
@@ -111,6 +115,23 @@ def test_flash_forward_outputs_match_meta(kernels):
     assert not any(r.calls for r in originals.values())
 
 
+def test_varlen_outputs_match_meta(kernels):
+    """A packed batch (cum_seq_q / cum_seq_k, as varlen_attn and nested jagged
+    SDPA pass it): outputs as PyTorch's meta functions give them, GQA."""
+    ours, originals = kernels
+    q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.empty(90, 2, 64, dtype=torch.bfloat16, device="cuda")
+    cu_q, cu_k = (torch.empty(3, dtype=torch.int32, device="cuda") for _ in range(2))
+    fwd = ours["_flash_attention_forward"](KEYSET, q, k, k, cu_q, cu_k, 40, 50, 0.0, True, False,
+                                           window_size_left=8, window_size_right=0)
+    meta = torch.ops.aten._flash_attention_forward(q, k, k, cu_q, cu_k, 40, 50, 0.0, True, False)
+    same_meta(fwd[:2], meta[:2])
+    grads = ours["_flash_attention_backward"](KEYSET, torch.empty_like(q), q, k, k, fwd[0], fwd[1], cu_q, cu_k, 40,
+                                              50, 0.0, True, fwd[2], fwd[3], window_size_left=8, window_size_right=0)
+    same_meta(grads, (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)))
+    assert not any(r.calls for r in originals.values())
+
+
 def test_unserved_calls_go_to_the_original(kernels):
     ours, originals = kernels
     q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
@@ -123,10 +144,14 @@ def test_unserved_calls_go_to_the_original(kernels):
     assert sdpa(KEYSET, q[:, :, :32], q, q, 0.0, True, False, scale=None) != "original"
     blhe = q.transpose(1, 2)
     fwd = ours["_flash_attention_forward"]
-    # A window is a band the kernels read (test_windows.py); varlen offsets are not served yet.
+    # A window is a band the kernels read (test_windows.py).
     assert fwd(KEYSET, blhe, blhe, blhe, None, None, 64, 64, 0.0, False, False, window_size_left=16) != "original"
     offsets = torch.zeros(2, dtype=torch.int32, device="cuda")
-    assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets, offsets, 64, 64, 0.0, False, False) == "original"
+    # A packed batch goes to the families that read per-sequence lengths (sm80), not to sm90's.
+    assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets, offsets, 64, 64, 0.0, False, False) != "original"
+    with testing.pretend_cuda(capability=(9, 0), kernels=["sm90_fwd_bf16_hdim64"]):
+        assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets, offsets, 64, 64, 0.0, False, False) == "original"
+    assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets.long(), offsets, 64, 64, 0.0, False, False) == "original"
     with testing.pretend_cuda(capability=(7, 5)):
         assert fwd(KEYSET, blhe, blhe, blhe, None, None, 64, 64, 0.0, False, False) == "original"
     with testing.pretend_cuda(kernels=["sm80_fwd_bf16_hdim64"]):

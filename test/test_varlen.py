@@ -1,13 +1,18 @@
-"""The packed variable-length ops (varlen_fwd / varlen_bwd) on CPU: per-sequence
-results against a float64 reference, their argument checks, opcheck and fake
-kernels. Sequences are bottom-right aligned, as FlashAttention's varlen."""
+"""The packed variable-length ops (varlen_fwd / varlen_bwd): per-sequence
+results against a float64 reference on CPU and (GPU tests) CUDA, their
+argument checks, opcheck, fake kernels, and PyTorch's varlen_attn served
+through the provider hook. Sequences are bottom-right aligned, as
+FlashAttention's varlen."""
 import math
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import torch_flash_backend  # noqa: F401  (the ops)
+import torch_flash_backend as tfb
+from torch_flash_backend import testing
+
+from reference import assert_within_baseline
 
 ops = torch.ops.torch_flash_backend
 
@@ -27,27 +32,28 @@ def packed(lens_q, lens_k, hq=4, hkv=2, e=16, dtype=torch.float32, spare_q=0, se
     return q, k, v, cu_q, cu_k
 
 
-def reference(q, k, v, cu_q, cu_k, is_causal=False, window=(-1, -1), scale=None, used=None):
-    """float64 attention per sequence, bottom-right aligned; rows that see no
-    key give 0 and lse -inf."""
+def reference(q, k, v, cu_q, cu_k, is_causal=False, window=(-1, -1), scale=None, used=None, compute=torch.float64):
+    """Attention per sequence in `compute` (float64: the reference; the inputs'
+    dtype: PyTorch's own same-dtype math, the error baseline), bottom-right
+    aligned; rows that see no key give 0 and lse -inf."""
     hq, e = q.size(1), q.size(2)
     group = hq // k.size(1)
     scale = 1 / math.sqrt(e) if scale is None else scale
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    lse = torch.full((hq, q.size(0)), -math.inf, dtype=torch.float64)
+    out = torch.zeros(q.shape, dtype=compute, device=q.device)
+    lse = torch.full((hq, q.size(0)), -math.inf, dtype=compute, device=q.device)
     for b in range(cu_q.numel() - 1):
         q0, length = int(cu_q[b]), int(cu_q[b + 1] - cu_q[b])
         k0 = int(cu_k[b])
         s = int(used[b]) if used is not None else int(cu_k[b + 1] - cu_k[b])
         if length == 0 or s == 0:
             continue
-        qb = q[q0:q0 + length].double().transpose(0, 1)
-        kb = k[k0:k0 + s].double().repeat_interleave(group, dim=1).transpose(0, 1)
-        vb = v[k0:k0 + s].double().repeat_interleave(group, dim=1).transpose(0, 1)
+        qb = q[q0:q0 + length].to(compute).transpose(0, 1)
+        kb = k[k0:k0 + s].to(compute).repeat_interleave(group, dim=1).transpose(0, 1)
+        vb = v[k0:k0 + s].to(compute).repeat_interleave(group, dim=1).transpose(0, 1)
         scores = qb @ kb.transpose(1, 2) * scale
-        i = torch.arange(length).view(-1, 1) + (s - length)
-        j = torch.arange(s).view(1, -1)
-        visible = torch.ones(length, s, dtype=torch.bool)
+        i = torch.arange(length, device=q.device).view(-1, 1) + (s - length)
+        j = torch.arange(s, device=q.device).view(1, -1)
+        visible = torch.ones(length, s, dtype=torch.bool, device=q.device)
         if is_causal:
             visible &= j <= i
         if window[0] >= 0:
@@ -127,6 +133,45 @@ def test_fake_kernels_give_the_real_shapes():
         assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
 
 
+def test_router_decides_packed_batches():
+    """decide_varlen: the families whose records read per-sequence lengths
+    serve a packed batch (sm80's, not sm90's), forward and backward; metadata
+    PyTorch's kernel would reject goes to it with the ops' reason."""
+    from torch_flash_backend import _router
+    with FakeTensorMode(), testing.pretend_cuda():
+        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(90, 2, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        d = _router.decide_varlen(q, k, k, cu, cu, 40, 50, 0.0, True, None, (-1, 0), needs_grad=True)
+        assert d.served and (d.kernel, d.backward_kernel) == ("sm80_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), d
+        assert "packed batch of 2 sequences" in d.reason and "bottom-right per sequence" in d.reason
+        assert not _router.decide_varlen(q, k, k, cu.long(), cu, 40, 50).served
+        assert "cu_seq_q must be an int32 tensor" in _router.decide_varlen(q, k, k, cu.long(), cu, 40, 50).reason
+        assert "short query" in _router.decide_varlen(q, k, k, cu, cu, 8, 50).reason
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=["sm90_fwd_bf16_hdim64"]):
+        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
+        assert not d.served and "packed variable-length batch: no forward" in d.reason, d
+    kernels = ["sm80_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"]
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=kernels):
+        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50, needs_grad=True)
+        assert not d.served and d.reason == _router.PACKED_GRAD_REASON, d
+
+
+def test_the_switch_sits_in_front_of_pytorchs_packed_kernels():
+    """The package's switch (_provider.py) is the CUDA kernel of the two flash
+    ops that packed batches reach, with the provider hook off too."""
+    from torch.nn import attention as A
+    from torch_flash_backend import _provider
+    assert not _provider.active() and A.current_flash_attention_impl() != "torch_flash_backend"
+    for op in ("_flash_attention_forward", "_flash_attention_backward"):
+        lines = [line for line in torch._C._dispatch_dump(f"aten::{op}").splitlines() if line.startswith("CUDA")]
+        assert "_provider.py" in lines[0], lines
+
+
 def _bad(what):
     q, k, v, cu_q, cu_k = packed(LENS_Q, LENS_K)
     args = dict(q=q, k=k, v=v, cu_seq_q=cu_q, cu_seq_k=cu_k, max_q=33, max_k=40)
@@ -201,19 +246,119 @@ def test_cuda_sm80_forward_matches_float64(is_causal, window, head_dim):
 
 
 @pytest.mark.gpu
-def test_cuda_families_and_backward_say_what_they_cannot():
+def test_cuda_families_say_what_they_cannot():
     _cuda()
     q, k, v, cu_q, cu_k = (t.cuda() for t in packed(LENS_Q, LENS_K, e=64, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="cu_seq_q must be an int32 tensor"):
         ops.varlen_fwd(q, k, v, cu_q.long(), cu_k, 33, 40, None, False, "sm80")
     with pytest.raises(RuntimeError, match="family is None"):
         ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40)
-    if torch.cuda.get_device_capability() == (9, 0):
-        with pytest.raises(RuntimeError, match="family='sm90' cannot run these inputs"):
-            ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm90")
     out, lse = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
-    with pytest.raises(RuntimeError, match="no CUDA backward reads packed variable-length batches"):
-        ops.varlen_bwd(out, q, k, v, out, lse, cu_q, cu_k, 33, 40, None, False, "sm80")
+    if torch.cuda.get_device_capability() == (9, 0):
+        with pytest.raises(RuntimeError, match="family='sm90' has no forward kernel that reads per-sequence"):
+            ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm90")
+        with pytest.raises(RuntimeError, match="family='sm90' has no backward kernel that reads per-sequence"):
+            ops.varlen_bwd(out, q, k, v, out, lse, cu_q, cu_k, 33, 40, None, False, "sm90")
+    with pytest.raises(RuntimeError, match=r"lse must be a float32 tensor of shape \(4, 65\)"):
+        ops.varlen_bwd(out, q, k, v, out, lse[:, :-1], cu_q, cu_k, 33, 40, None, False, "sm80")
+
+
+def _cuda_grads(q, k, v, cu_q, cu_k, is_causal, window, family="sm80"):
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    max_q, max_k = int((cu_q[1:] - cu_q[:-1]).max()), int((cu_k[1:] - cu_k[:-1]).max())
+    out, lse = ops.varlen_fwd(*leaves, cu_q.cuda(), cu_k.cuda(), max_q, max_k, None, is_causal, family, family,
+                              *window)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.dtype).cuda()
+    return out, lse, torch.autograd.grad(out, leaves, dout), dout
+
+
+def _reference_grads(q, k, v, cu_q, cu_k, is_causal, window, dout, compute):
+    """The reference's output and gradients: float64 on the CPU, or the
+    inputs' dtype on the GPU (the baseline)."""
+    device = "cpu" if compute == torch.float64 else "cuda"
+    leaves = [t.to(device).to(compute if compute == torch.float64 else t.dtype).requires_grad_() for t in (q, k, v)]
+    out, _ = reference(*leaves, cu_q, cu_k, is_causal, window, compute=compute)
+    return out, torch.autograd.grad(out, leaves, dout.to(device, out.dtype))
+
+
+def _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window):
+    out, _, grads, dout = ours
+    ref, ref_grads = _reference_grads(q, k, v, cu_q, cu_k, is_causal, window, dout, torch.float64)
+    base, base_grads = _reference_grads(q, k, v, cu_q, cu_k, is_causal, window, dout, q.dtype)
+    assert_within_baseline("out", out.cpu(), base.cpu(), ref, floor=1e-3)
+    for name, g, b, r in zip(("dq", "dk", "dv"), grads, base_grads, ref_grads):
+        assert_within_baseline(name, g.cpu(), b.cpu(), r, floor=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal,window", CASES, ids=lambda c: str(c))
+def test_cuda_sm80_backward_matches_float64(is_causal, window, head_dim):
+    """sm80's backward on a packed batch (empty sequences, L != S, GQA, odd
+    lengths, rows no sequence covers): output and gradients within twice the
+    error of the same attention in bf16 math. Rows and keys no sequence reads
+    get a gradient of 0."""
+    _cuda()
+    q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q, CUDA_LENS_K, hq=8, hkv=2, e=head_dim, dtype=torch.bfloat16, spare_q=5)
+    ours = _cuda_grads(q, k, v, cu_q, cu_k, is_causal, window)
+    _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window)
+    dq, dk, dv = ours[2]
+    assert (dq[-5:] == 0).all()  # no sequence covers these rows
+    assert (dk[:9] == 0).all() and (dv[:9] == 0).all()  # sequence 0 has keys and no queries
+
+
+@pytest.mark.gpu
+def test_cuda_sm80_many_sequences_and_one_long():
+    """A thousand short sequences around one of 3000 tokens, fp16, MHA."""
+    _cuda()
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(0, 40, (1000,), generator=g).tolist()
+    lens[500] = 3000
+    q, k, v, cu_q, cu_k = packed(lens, lens, hq=2, hkv=2, e=64, dtype=torch.float16, seed=4)
+    ours = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))
+    _check_grads(ours, q, k, v, cu_q, cu_k, True, (-1, -1))
+
+
+@pytest.mark.gpu
+def test_cuda_sm80_backward_deterministic():
+    """Under use_deterministic_algorithms the packed backward sums dQ in a fixed
+    order: two runs give the same bits, close to the default order's."""
+    _cuda()
+    q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q, CUDA_LENS_K, hq=8, hkv=2, e=64, dtype=torch.bfloat16)
+    default = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
+    with testing.deterministic_algorithms():
+        first = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
+        second = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
+    for a, b, c in zip(first, second, default):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0), (64, 0)])
+def test_cuda_provider_serves_varlen_attn(window_size):
+    """torch.nn.attention.varlen.varlen_attn with our provider active: the
+    forward and backward run our packed kernels (stats name them), within the
+    2x rule of the float64 reference."""
+    _cuda()
+    from torch.nn import attention as A
+    from torch.nn.attention.varlen import varlen_attn
+    q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q[1:], CUDA_LENS_Q[1:], hq=8, hkv=8, e=128, dtype=torch.bfloat16)
+    is_causal, window = window_size == (-1, 0), window_size
+    max_len = max(CUDA_LENS_Q)
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    tfb.reset_stats()
+    A.activate_flash_attention_impl("torch_flash_backend")
+    try:
+        out = varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max_len, max_len, window_size=window_size)
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+    finally:
+        A.restore_flash_attention_impl()
+    routed = tfb.stats()["routed"]
+    assert any(name.startswith("sm80_fwd_bf16_hdim128") for name in routed), routed
+    assert any(name.startswith("sm80_bwd_bf16_hdim128") for name in routed), routed
+    _check_grads((out, None, grads, dout), q, k, v, cu_q, cu_k, is_causal, window)
 
 
 @pytest.mark.gpu
@@ -235,3 +380,68 @@ def test_cuda_bad_offset_values_raise_before_any_kernel():
     out, _ = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
     torch.cuda.synchronize()
     assert out.isfinite().all()
+
+
+@pytest.mark.gpu
+def test_cuda_enable_serves_varlen_attn():
+    """varlen_attn inside enable(): our packed forward; its backward runs ours
+    too, although autograd runs it outside the block (and on its own thread)."""
+    _cuda()
+    from torch.nn.attention.varlen import varlen_attn
+    lens = CUDA_LENS_Q[1:]
+    q, k, v, cu_q, cu_k = packed(lens, lens, hq=4, hkv=4, e=64, dtype=torch.bfloat16, seed=5)
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+    tfb.reset_stats()
+    with tfb.enable(strict=True):
+        out = varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max(lens), max(lens), window_size=(-1, 0))
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    routed = tfb.stats()["routed"]
+    assert any(n.startswith("sm80_fwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith("sm80_bwd_bf16_hdim64") for n in routed), routed
+    _check_grads((out, None, grads, dout), q, k, v, cu_q, cu_k, True, (-1, 0))
+    # Outside enable(), PyTorch's kernels serve the same call.
+    tfb.reset_stats()
+    varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max(lens), max(lens), window_size=(-1, 0)).sum().backward()
+    assert not tfb.stats()["routed"], tfb.stats()
+
+
+@pytest.mark.gpu
+def test_cuda_enable_serves_jagged_sdpa():
+    """SDPA on nested jagged tensors inside enable(): our packed kernels (the
+    flash ops with offsets); strict mode raises for a head dim we lack."""
+    _cuda()
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(6)
+    lens = [37, 1, 300, 64]
+    heads, e = 4, 64
+
+    def jagged(dim):
+        parts = [torch.randn(n, heads, dim, generator=g).to(torch.bfloat16).cuda() for n in lens]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+
+    q, k, v = jagged(e), jagged(e), jagged(e)
+    tfb.reset_stats()
+    with tfb.enable(strict=True):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    out.transpose(1, 2).values().float().square().sum().backward()
+    routed = tfb.stats()["routed"]
+    assert any(n.startswith("sm80_fwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith("sm80_bwd_bf16_hdim64") for n in routed), routed
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    flat = [t.values().detach().cpu() for t in (q, k, v)]
+
+    def grads_of(compute, device):
+        leaves = [t.to(device, compute if compute == torch.float64 else t.dtype).requires_grad_() for t in flat]
+        o, _ = reference(*leaves, cu, cu, True, compute=compute)
+        o.float().square().sum().backward()
+        return o.detach().cpu(), [t.grad.cpu() for t in leaves]
+
+    ref, ref_grads = grads_of(torch.float64, "cpu")
+    base, base_grads = grads_of(torch.bfloat16, "cuda")
+    assert_within_baseline("out", out.transpose(1, 2).values().detach().cpu(), base, ref, floor=1e-3)
+    for name, t, b, r in zip(("dq", "dk", "dv"), (q, k, v), base_grads, ref_grads):
+        assert_within_baseline(name, t.grad.values().cpu(), b, r, floor=1e-3)
+    q80, k80, v80 = jagged(80), jagged(80), jagged(80)
+    with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError, match="head dim 80"):
+        F.scaled_dot_product_attention(q80.transpose(1, 2), k80.transpose(1, 2), v80.transpose(1, 2))

@@ -208,7 +208,7 @@ _pytorch_causal_bias = CausalBias._dispatch
 _STRICT_OF_MARK = {dtype: strict for (strict, _log), dtype in _MARK_DTYPES.items()}
 
 
-def _eager_strict() -> bool | None:
+def routing_strictness() -> bool | None:
     """The strictness of this thread's innermost eager enable(), None outside one."""
     if not torch.is_autocast_enabled(_MARK_DEVICE):
         return None
@@ -218,7 +218,7 @@ def _eager_strict() -> bool | None:
 def _causal_bias_dispatch(query, key, value, attn_mask, dropout_p=0.0, is_causal=False, scale=None,
                           enable_gqa=False):
     args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    strict = _eager_strict()
+    strict = routing_strictness()
     if strict is None or is_causal or getattr(_local, "decided", False) or not bottom_right_of(attn_mask):
         return _pytorch_causal_bias(*args)
     return _route(query, key, value, None, dropout_p, True, scale, enable_gqa, strict,
@@ -226,6 +226,7 @@ def _causal_bias_dispatch(query, key, value, attn_mask, dropout_p=0.0, is_causal
 
 
 CausalBias._dispatch = staticmethod(_causal_bias_dispatch)
+
 
 # The decision, as route_sdpa's kernel: reached from csrc/routing.cpp in eager
 # code and from compiled graphs (_Routing), on every device and autograd key.

@@ -64,7 +64,8 @@ class Kernel(str):
     max_cc 0: no upper bound), stride0_ok, align_bytes, max_rows (query rows per kv
     head the family serves at most, the group's heads times the query length; 0:
     no limit), masks (this pass reads a boolean attn_mask), additive_masks (and an
-    additive one), windows (a band's left edge, window_left), smem_bytes,
+    additive one), windows (a band's left edge, window_left), seqlens (per-sequence
+    lengths: packed variable-length batches and seqused_k), smem_bytes,
     tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
     0 where it reads no mask)."""
 
@@ -80,6 +81,7 @@ class Kernel(str):
     masks: bool
     additive_masks: bool
     windows: bool
+    seqlens: bool
     smem_bytes: int
     tile_rows: int
     tile_keys: int
@@ -98,6 +100,7 @@ class Kernel(str):
         kernel.masks = kernel.pass_ in values.get("masks", "").split(",")
         kernel.additive_masks = kernel.pass_ in values.get("additive_masks", values.get("masks", "")).split(",")
         kernel.windows = kernel.pass_ in values.get("windows", "").split(",")
+        kernel.seqlens = kernel.pass_ in values.get("seqlens", "").split(",")
         return kernel
 
     def reads_mask(self, mask_kind: str) -> bool:

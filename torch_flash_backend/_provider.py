@@ -1,10 +1,21 @@
-"""Our kernels as a provider for PyTorch's flash-attention hook.
+"""Our kernels for PyTorch's flash ops: the provider for PyTorch's
+flash-attention hook, and enable()'s switch for packed batches.
 
 Importing the package registers the provider; a user switches it on process-wide
 with torch.nn.attention.activate_flash_attention_impl("torch_flash_backend") and
-off with restore_flash_attention_impl(). Active, it overrides the CUDA kernels of
-the aten flash ops: calls ours can serve run our kernels, every other call goes to
+off with restore_flash_attention_impl(). Active, it serves the CUDA calls of the
+aten flash ops: calls ours can serve run our kernels, every other call goes to
 the kernel PyTorch had registered before (fetched before overriding).
+
+Packed variable-length batches (torch.nn.attention.varlen.varlen_attn, SDPA on
+nested jagged tensors) reach no SDPA op: both call _flash_attention_forward /
+_backward with cum_seq_q / cum_seq_k. So the package puts a switch in front of
+PyTorch's CUDA kernels of those two ops when it loads: with the provider
+active, the provider's kernels serve; else, inside enable(), a packed forward
+runs ours (or PyTorch's, or raises under strict=True), as does the backward of
+a forward ours served, wherever autograd runs it; every other call goes on to
+PyTorch's kernel (one Python call on the way, a few microseconds). The provider
+overrides the other two ops (the SDPA flash ops) itself.
 
 Outputs take the strides of the ops' meta functions (empty_like of the inputs),
 which compiled graphs assert on; that costs a copy only when an input is not in
@@ -15,6 +26,7 @@ import logging
 import warnings
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn import attention as _attention
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
@@ -27,12 +39,16 @@ _ops = torch.ops.torch_flash_backend
 logger = logging.getLogger("torch_flash_backend")
 
 NAME = "torch_flash_backend"
-_OPS = (
-    "_flash_attention_forward",
-    "_flash_attention_backward",
-    "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_flash_attention_backward",
-)
+# The switch's ops (from import on), then the ops the provider overrides when active.
+_SWITCH_OPS = ("_flash_attention_forward", "_flash_attention_backward")
+_OPS = _SWITCH_OPS + ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward")
+
+_active_handles = 0  # provider handles registered and not yet removed
+
+
+def active() -> bool:
+    """Whether the provider hook is on (the switch then runs its kernels)."""
+    return _active_handles > 0
 
 
 @dataclasses.dataclass
@@ -40,9 +56,11 @@ class ProviderHandle:
     library: torch.library.Library | None
 
     def remove(self) -> None:
+        global _active_handles
         if self.library is not None:
             self.library._destroy()
             self.library = None
+            _active_handles -= 1
             _forget_dispatch()
 
 
@@ -70,17 +88,91 @@ def _count(decision, backward: bool) -> None:
         logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
 
 
-def _unsupported(backward: bool, cum_seq_q=None, cum_seq_k=None, return_debug_mask=False, seqused_k=None,
-                 alibi_slopes=None) -> bool:
-    """Whether the call asks for a feature our kernels lack (then counted as passed on)."""
-    reason = ("variable-length inputs (cum_seq_q / cum_seq_k)" if cum_seq_q is not None or cum_seq_k is not None
-              else "return_debug_mask=True" if return_debug_mask
-              else "seqused_k" if seqused_k is not None
+def _feature_reason(return_debug_mask=False, seqused_k=None, alibi_slopes=None, packed=False) -> str | None:
+    """A feature the call asks for that our kernels lack, or None."""
+    reason = ("return_debug_mask=True" if return_debug_mask
+              else "seqused_k without cum_seq_q / cum_seq_k" if seqused_k is not None and not packed
               else "alibi_slopes" if alibi_slopes is not None
               else None)
+    return None if reason is None else f"{reason} is not supported"
+
+
+def _unsupported(backward: bool, return_debug_mask=False, seqused_k=None, alibi_slopes=None) -> bool:
+    """Whether the call asks for a feature our kernels lack (then counted as passed on)."""
+    reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes)
     if reason is not None:
-        _count(_router.Decision(False, None, f"{reason} is not supported"), backward)
+        _count(_router.Decision(False, None, reason), backward)
     return reason is not None
+
+
+# The storages of the logsumexps our packed forwards returned, weakly (by
+# their StorageImpl, which no other storage takes while a weak reference
+# holds it): a packed backward the switch meets outside enable() (autograd
+# runs it later, on its own threads) still runs ours when its forward did.
+_served_lse: dict[int, StorageWeakRef] = {}
+_served_lse_limit = 128
+
+
+def _remember_served(lse: torch.Tensor) -> None:
+    global _served_lse_limit
+    if type(lse) is not torch.Tensor:  # FakeTensors and traced tensors have no storage to remember
+        return
+    storage = lse.untyped_storage()
+    _served_lse[storage._cdata] = StorageWeakRef(storage)
+    if len(_served_lse) > _served_lse_limit:
+        for key in [key for key, ref in _served_lse.items() if ref.expired()]:
+            del _served_lse[key]
+        _served_lse_limit = max(128, 2 * len(_served_lse))
+
+
+def served_forward_of(lse: torch.Tensor) -> bool:
+    """Whether lse is (a view of) the logsumexp one of our packed forwards returned."""
+    if type(lse) is not torch.Tensor:
+        return False
+    ref = _served_lse.get(lse.untyped_storage()._cdata)
+    return ref is not None and not ref.expired()
+
+
+def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                         return_debug_mask, scale=None, window_size_left=None, window_size_right=None,
+                         seqused_k=None, alibi_slopes=None):
+    """PyTorch's flash forward on a packed batch (cum_seq_q / cum_seq_k; (total,
+    H, E) tensors, causal and windows bottom-right per sequence) by our kernels:
+    (the op's outputs or None, the decision), counted in stats() and logged."""
+    reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
+    window = _window(window_size_left, window_size_right)
+    decision = (_router.Decision(False, None, reason) if reason is not None else
+                _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                                      scale, window, seqused_k, needs_grad=False))
+    _count(decision, False)
+    if not decision.served:
+        return None, decision
+    out, lse = _ops.varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
+                               decision.family, None, window[0], window[1], seqused_k)
+    _remember_served(lse)
+    return (_like(out, query), lse, *_rng_placeholders(query)), decision
+
+
+def serve_packed_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                          dropout_p, is_causal, scale=None, window_size_left=None, window_size_right=None):
+    """PyTorch's flash backward on a packed batch by our kernels: (dq, dk, dv)
+    or None, and the decision; counted in stats() and logged."""
+    window = _window(window_size_left, window_size_right)
+    if not _packed_lse_ok(logsumexp, query):
+        decision = _router.Decision(False, None, "logsumexp is not a contiguous float32 (heads, total tokens) "
+                                                 "tensor")
+    else:
+        decision = _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                         is_causal, scale, window, needs_grad=True)
+    _count(decision, True)
+    if not decision.served:
+        return None, decision
+    family = decision.backward_family
+    stride0_ok = reads_stride0(family)
+    dq, dk, dv = _ops.varlen_bwd(_packed_friendly(grad_out, stride0_ok), query, key, value,
+                                 _packed_friendly(out, stride0_ok), logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                                 scale, is_causal, family, window[0], window[1], None)
+    return (_like(dq, query), _like(dk, key), _like(dv, value)), decision
 
 
 def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool, window=(-1, -1)) -> str | None:
@@ -99,6 +191,11 @@ def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool, window=(-1, -1
     return decision.backward_family if backward else decision.family
 
 
+def _packed_friendly(t: torch.Tensor, stride0_ok: bool) -> torch.Tensor:
+    """kernel_friendly for a packed (total, H, E) tensor."""
+    return kernel_friendly(t.unsqueeze(0).transpose(1, 2), stride0_ok).transpose(1, 2).squeeze(0)
+
+
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     if t.stride() == ref.stride():
         return t
@@ -107,6 +204,10 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def _lse_ok(lse: torch.Tensor, q: torch.Tensor) -> bool:
     return lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == (q.size(0), q.size(1), q.size(2))
+
+
+def _packed_lse_ok(lse: torch.Tensor, q: torch.Tensor) -> bool:
+    return lse.dtype == torch.float32 and lse.is_contiguous() and lse.shape == (q.size(1), q.size(0))
 
 
 def _rng_placeholders(query: torch.Tensor):
@@ -127,7 +228,14 @@ def _make_kernels(original):
     def flash_attention_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                 is_causal, return_debug_mask, *, scale=None, window_size_left=None,
                                 window_size_right=None, seqused_k=None, alibi_slopes=None):
-        if not _unsupported(False, cum_seq_q, cum_seq_k, return_debug_mask, seqused_k, alibi_slopes):
+        packed = cum_seq_q is not None or cum_seq_k is not None
+        if packed:
+            outputs, _ = serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                              is_causal, return_debug_mask, scale, window_size_left,
+                                              window_size_right, seqused_k, alibi_slopes)
+            if outputs is not None:
+                return outputs
+        elif not _unsupported(False, return_debug_mask, seqused_k, alibi_slopes):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
             window = _window(window_size_left, window_size_right)
             family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False, window=window)
@@ -143,9 +251,14 @@ def _make_kernels(original):
     def flash_attention_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
                                  max_q, max_k, dropout_p, is_causal, rng_state, unused, *, scale=None,
                                  window_size_left=None, window_size_right=None):
-        if not _unsupported(True, cum_seq_q, cum_seq_k):
+        window = _window(window_size_left, window_size_right)
+        if cum_seq_q is not None or cum_seq_k is not None:
+            grads, _ = serve_packed_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
+                                             max_k, dropout_p, is_causal, scale, window_size_left, window_size_right)
+            if grads is not None:
+                return grads
+        else:
             q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
-            window = _window(window_size_left, window_size_right)
             family = (_serves(q, k, v, dropout_p, is_causal, scale, backward=True, window=window)
                       if _lse_ok(logsumexp, q) else None)
             if family is not None:
@@ -169,7 +282,8 @@ def _make_kernels(original):
 
     def sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                             max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        family = (None if _unsupported(True, cum_seq_q, cum_seq_k) or not _lse_ok(logsumexp, query)
+        packed = cum_seq_q is not None or cum_seq_k is not None  # never from PyTorch's SDPA; passed on
+        family = (None if packed or not _lse_ok(logsumexp, query)
                   else _serves(query, key, value, dropout_p, is_causal, scale, backward=True))
         if family is not None:
             return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal, family)
@@ -185,15 +299,71 @@ def _make_kernels(original):
     }
 
 
-def register() -> ProviderHandle:
-    """The register_fn PyTorch calls on activate_flash_attention_impl(NAME)."""
-    original = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in _OPS}
+def _install_switch() -> torch.library.Library:
+    """The switch in front of PyTorch's kernels of _SWITCH_OPS (the module's docstring)."""
+    pytorch = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in _SWITCH_OPS}
+    provider = _make_kernels(pytorch)
+
+    def forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None, seqused_k=None,
+                alibi_slopes=None):
+        kwargs = dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right,
+                      seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+        args = (query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask)
+        if active():
+            return provider["_flash_attention_forward"](keyset, *args, **kwargs)
+        if cum_seq_q is not None or cum_seq_k is not None:
+            from . import _enable  # imports this module
+            strict = _enable.routing_strictness()
+            if strict is not None:
+                outputs, decision = serve_packed_forward(*args, **kwargs)
+                if outputs is not None:
+                    return outputs
+                if strict:
+                    raise _enable.UnsupportedError(decision.reason)
+        return pytorch["_flash_attention_forward"].call_boxed(keyset, *args, **kwargs)
+
+    def backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                 dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                 window_size_right=None):
+        kwargs = dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right)
+        args = (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                is_causal)
+        if active():
+            return provider["_flash_attention_backward"](keyset, *args, rng_state, unused, **kwargs)
+        if (cum_seq_q is not None or cum_seq_k is not None) and served_forward_of(logsumexp):
+            grads, _ = serve_packed_backward(*args, **kwargs)
+            if grads is not None:
+                return grads
+        return pytorch["_flash_attention_backward"].call_boxed(keyset, *args, rng_state, unused, **kwargs)
+
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
     with warnings.catch_warnings():
         # Overriding PyTorch's kernels is the point; the dispatcher warns about it once.
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-        for name, kernel in _make_kernels(original).items():
-            lib.impl(name, kernel, "CUDA", with_keyset=True)
+        lib.impl("_flash_attention_forward", forward, "CUDA", with_keyset=True)
+        lib.impl("_flash_attention_backward", backward, "CUDA", with_keyset=True)
+    _forget_dispatch()
+    return lib
+
+
+_switch = _install_switch()
+
+
+def register() -> ProviderHandle:
+    """The register_fn PyTorch calls on activate_flash_attention_impl(NAME):
+    overrides the SDPA flash ops, and turns the switch's ops to the provider."""
+    global _active_handles
+    sdpa_ops = _OPS[len(_SWITCH_OPS):]
+    original = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in sdpa_ops}
+    kernels = _make_kernels(original)
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    with warnings.catch_warnings():
+        # Overriding PyTorch's kernels is the point; the dispatcher warns about it once.
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        for name in sdpa_ops:
+            lib.impl(name, kernels[name], "CUDA", with_keyset=True)
+    _active_handles += 1
     _forget_dispatch()
     return ProviderHandle(lib)
 

@@ -46,6 +46,8 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
+PACKED_GRAD_REASON = ("a packed variable-length batch and inputs that require grad: no backward family allowed "
+                      "here reads one")
 WINDOW_GRAD_REASON = "a window's left edge and inputs that require grad: no backward family allowed here reads one"
 
 
@@ -276,8 +278,38 @@ def decide(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, 
     return decision
 
 
+def decide_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, dropout_p=0.0, is_causal=False,
+                  scale=None, window: tuple[int, int] = (-1, -1), seqused_k=None, *,
+                  needs_grad: bool | None = None, pinned: bool = False) -> Decision:
+    """decide() for a packed variable-length batch, as PyTorch's flash ops and
+    varlen_attn take it: q (total_q, Hq, E), k and v (total_k, Hkv, E),
+    int32 offsets cu_seq_q / cu_seq_k (batch + 1), the longest lengths, and
+    optionally seqused_k (keys in use per sequence). Causal masks and windows
+    align bottom-right per sequence. Metadata only: the offsets' values are
+    the ops' to check. Decided afresh on every call (the cache keys dense
+    calls alone)."""
+    tensors = (q, k, v, cu_seq_q, cu_seq_k) + (() if seqused_k is None else (seqused_k,))
+    if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in tensors):
+        return _fallback("a packed batch's tensors must be dense strided tensors")
+    try:
+        batch = _checks.check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k)
+    except RuntimeError as err:  # the ops' rules: PyTorch's kernel then gives its own error
+        return _fallback(str(err))
+    if needs_grad is None:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if batch == 0 or max_q == 0 or max_k == 0:
+        return _fallback(f"zero-size packed batch ({batch} sequences, max_q {max_q}, max_k {max_k}); PyTorch's "
+                         "kernel handles it")
+    rows = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]  # (1, H, total, E), as the ops view them
+    window = (int(window[0]), int(window[1]))
+    return _decide(*rows, None, dropout_p, is_causal, scale, True, needs_grad, True, window, pinned,
+                   packed=(batch, int(max_q)))
+
+
 def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right,
-            window=(-1, -1), pinned=False) -> Decision:
+            window=(-1, -1), pinned=False, packed: tuple[int, int] | None = None) -> Decision:
+    """packed: (sequences, longest query) of a packed variable-length batch,
+    whose tensors come as (1, H, total tokens, E) views (decide_varlen)."""
     check_sdpa_args(q, k, v, attn_mask, enable_gqa)
     if q.is_nested or k.is_nested or v.is_nested:
         return _fallback("nested (jagged) inputs are not supported")
@@ -318,14 +350,20 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
             return _fallback(f"q has {hq} heads but k/v have {hkv} and enable_gqa=False")
     if b == 0 or hq == 0 or length == 0 or s == 0 or e == 0:
         return _fallback(f"zero-size input (q {tuple(q.shape)}, k {tuple(k.shape)}); PyTorch's SDPA handles it")
+    if packed is not None:
+        # The longest sequence's query decides what a short query would.
+        length = packed[1]
     if length < MIN_QUERY_LEN and on_cpu:
         return _fallback(DECODE_REASON)
     if needs_grad is None:
         needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    aligned = " (bottom-right)" if bottom_right and length != s else ""
+    aligned = (" (bottom-right per sequence)" if packed is not None
+               else " (bottom-right)" if bottom_right and length != s else "")
     causal = f", causal{aligned}" if is_causal else ""
     if window != (-1, -1):
         causal += f", window {window}{aligned}"
+    if packed is not None:
+        causal += f", packed batch of {packed[0]} sequences"
     detail = f"{dtype_name}, head dim {e}" + causal + (
         f", GQA {hq}:{hkv}" if hq != hkv else "") + (_mask_detail(attn_mask) if masked else "")
     if on_cpu:
@@ -335,7 +373,8 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     else:
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, routing=not pinned,
-                                     mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask))
+                                     mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask),
+                                     packed=packed is not None)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -403,7 +442,7 @@ def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool, length: int, group: int, routing: bool = True,
-                      mask_kind: str = "") -> Decision:
+                      mask_kind: str = "", packed: bool = False) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -416,7 +455,9 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     "bool" or "additive" for an attn_mask, which only the passes whose records
     read that kind serve (Kernel.reads_mask; single tokens
     follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
-    fully used cache's mask faster; benchmarks/history/2026-11-v9-v27.md, v16)."""
+    fully used cache's mask faster; benchmarks/history/2026-11-v9-v27.md, v16).
+    packed: a packed variable-length batch, which only the passes whose
+    records read per-sequence lengths serve (Kernel.seqlens)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -428,12 +469,13 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     return _choose(capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e,
-                   needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind)
+                   needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind,
+                   packed)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
-            route_single: bool = True, mask_kind: str = "") -> Decision:
+            route_single: bool = True, mask_kind: str = "", packed: bool = False) -> Decision:
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -443,6 +485,11 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     suffix = f"_{dtype_name}_hdim{e}"
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
+    if packed:
+        fwd_kernels = [k for k in fwd_kernels if k.seqlens]
+        if not fwd_kernels:
+            return _fallback(f"a packed variable-length batch: no forward built for {dtype_name} head dim {e} reads "
+                             f"one{only}")
     if mask_kind:
         readers = [k for k in fwd_kernels if k.reads_mask(mask_kind)]
         if mask_kind == "window" and not readers:
@@ -490,6 +537,9 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     for family in families:
         bwd = by_name.get(f"{family}_bwd{suffix}")
         if bwd is None:
+            continue
+        if packed and not bwd.seqlens:
+            why_not = PACKED_GRAD_REASON
             continue
         if not bwd.reads_mask(mask_kind):
             why_not = WINDOW_GRAD_REASON if mask_kind == "window" else MASK_GRAD_REASON

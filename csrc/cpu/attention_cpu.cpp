@@ -519,13 +519,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cpu(
     int64_t window_right, const std::optional<at::Tensor>& seqused_k) {
   const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
   check_family(family);
-  for (auto [t, name] : {std::pair{&grad_out, "grad_out"}, {&out, "out"}}) {
-    check_same(*t, name, q);
-    TORCH_CHECK(t->sizes() == q.sizes(), name, " shape ", t->sizes(), " must equal q shape ", q.sizes());
-  }
-  TORCH_CHECK(lse.defined() && lse.scalar_type() == at::kFloat && lse.device() == q.device() && lse.dim() == 2 &&
-                  lse.size(0) == s.heads_q && lse.size(1) == s.total_q,
-              "lse must be a float32 tensor of shape (", s.heads_q, ", ", s.total_q, ") on q's device");
+  check_varlen_bwd_extra(s, grad_out, out, lse, q);
   mask_args(false, is_causal, true, window_left, window_right);
   at::Tensor dq = at::zeros_like(q, at::MemoryFormat::Contiguous);
   at::Tensor dk = at::zeros_like(k, at::MemoryFormat::Contiguous);

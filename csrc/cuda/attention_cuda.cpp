@@ -1,6 +1,7 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
 // (fill_params.h), launch the kernel of the op's `family` argument
 // (families.h checks it can) on the current stream.
+#include <algorithm>
 #include <climits>
 #include <limits>
 
@@ -125,8 +126,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
 
 // A packed batch: the dense path's params over (1, H, total, E) views of the
 // packed tensors, then the per-batch lengths and offsets (params.h SeqLens),
-// which the family reads through the params' accessors. Rows no sequence
-// covers, and sequences without keys, give 0 (lse -inf): outputs start so.
+// which the family reads through the params' accessors. The kernels trust the
+// offsets, so their values are checked first, on the host (a copy and a
+// device sync per call, until the kernels clamp what they read).
+at::Tensor as_rows(const at::Tensor& t) { return t.unsqueeze(0).transpose(1, 2); }  // (1, H, total, E)
+
+bool nothing_to_compute(const VarlenShape& s) {
+  return s.batch == 0 || s.max_q == 0 || s.max_k == 0 || s.heads_q == 0 || s.head_dim == 0;
+}
+
+void fill_varlen(AttnFwdParams& p, const VarlenShape& s, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seq_q,
+                 const at::Tensor& cu_seq_k, const std::optional<at::Tensor>& seqused_k, std::optional<double> scale,
+                 const MaskArgs& band, const DeviceInfo& info) {
+  check_vector_aligned(as_rows(q), "q");
+  check_vector_aligned(as_rows(k), "k");
+  check_vector_aligned(as_rows(v), "v");
+  TORCH_CHECK(s.total_q < INT32_MAX && s.total_k < INT32_MAX, "packed batches hold fewer than 2^31 tokens");
+  fill_fwd(p, as_rows(q), as_rows(k), as_rows(v), as_rows(out), lse.unsqueeze(0),
+           {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim}, softmax_scale(scale, s.head_dim),
+           info.num_sms);
+  fill_mask(p, at::Tensor(), band);
+  p.batch = static_cast<int>(s.batch);
+  p.len_q = static_cast<int>(s.max_q);
+  p.len_k = static_cast<int>(s.max_k);
+  p.seqlens.cu_q = cu_seq_q.data_ptr<int>();
+  p.seqlens.cu_k = cu_seq_k.data_ptr<int>();
+  const at::Tensor* used_k = present(seqused_k);
+  p.seqlens.used_k = used_k ? used_k->data_ptr<int>() : nullptr;
+  p.seqlens.total_q = s.total_q;
+}
+
+// Rows no sequence covers, and sequences without keys, give 0 (lse -inf):
+// outputs start so unless the sequences cover every row and all have keys.
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
                                                    int64_t max_q, int64_t max_k, std::optional<double> scale,
@@ -137,49 +169,53 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
   const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
-  // The kernels trust the offsets, so their values are checked first, on the
-  // host: a copy and a device sync per call, until the kernels clamp what they
-  // read (no wrong offset then reads outside the tensors).
-  check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
-  at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
-  at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
-                            q.options().dtype(at::kFloat));
-  if (s.batch == 0 || s.max_q == 0 || s.max_k == 0 || s.heads_q == 0 || s.head_dim == 0) return {out, lse};
+  const std::vector<Sequence> seqs = check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
+  const bool kernel_writes_all =
+      !nothing_to_compute(s) && covers_every_row(seqs, s.total_q, false) &&
+      std::all_of(seqs.begin(), seqs.end(), [](const Sequence& seq) { return seq.len_k > 0 || seq.len_q == 0; });
+  at::Tensor out = kernel_writes_all ? at::empty({s.total_q, s.heads_q, s.head_dim}, q.options())
+                                     : at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor lse = kernel_writes_all ? at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat))
+                                     : at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
+                                                q.options().dtype(at::kFloat));
+  if (nothing_to_compute(s)) return {out, lse};
   const DeviceInfo& info = check_cuda_device(q);
   const DType dtype = to_dtype(q);
-  auto as_rows = [](const at::Tensor& t) { return t.unsqueeze(0).transpose(1, 2); };  // (1, H, total, E)
-  const at::Tensor q4 = as_rows(q), k4 = as_rows(k), v4 = as_rows(v), out4 = as_rows(out);
-  check_vector_aligned(q4, "q");
-  check_vector_aligned(k4, "k");
-  check_vector_aligned(v4, "v");
-  TORCH_CHECK(s.total_q < INT32_MAX && s.total_k < INT32_MAX, "packed batches hold fewer than 2^31 tokens");
   AttnFwdParams p{};
-  fill_fwd(p, q4, k4, v4, out4, lse.unsqueeze(0), {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim},
-           softmax_scale(scale, s.head_dim), info.num_sms);
-  fill_mask(p, at::Tensor(), band);
-  p.batch = static_cast<int>(s.batch);
-  p.len_q = static_cast<int>(s.max_q);
-  p.len_k = static_cast<int>(s.max_k);
-  p.seqlens.cu_q = cu_seq_q.data_ptr<int>();
-  p.seqlens.cu_k = cu_seq_k.data_ptr<int>();
-  const at::Tensor* used_k = present(seqused_k);
-  p.seqlens.used_k = used_k ? used_k->data_ptr<int>() : nullptr;
-  p.seqlens.total_q = s.total_q;
+  fill_varlen(p, s, q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k, scale, band, info);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
   return {out, lse};
 }
 
-// No CUDA backward reads per-sequence lengths yet: the op checks its
-// arguments as on CPU, then says so.
+// dq rows no sequence covers, and keys no sequence reads (gaps, or past
+// seqused_k), get 0: the gradients start so unless every row is covered.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
-    const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor&,
-    const at::Tensor&, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
-    std::optional<double>, bool, std::optional<c10::string_view>, int64_t, int64_t,
-    const std::optional<at::Tensor>& seqused_k) {
-  check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
-  TORCH_CHECK(false, "varlen_bwd: no CUDA backward reads packed variable-length batches in this build ",
-              "(the CPU ops do)");
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
+    std::optional<double> scale, bool is_causal, std::optional<c10::string_view> family, int64_t window_left,
+    int64_t window_right, const std::optional<at::Tensor>& seqused_k) {
+  const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  check_varlen_bwd_extra(s, grad_out, out, lse, q);
+  const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
+  c10::cuda::CUDAGuard guard(q.device());
+  const std::vector<Sequence> seqs = check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
+  auto gradient = [&](const at::Tensor& like, bool keys) {
+    const bool all = covers_every_row(seqs, keys ? s.total_k : s.total_q, keys) && !nothing_to_compute(s);
+    return all ? at::empty(like.sizes(), like.options()) : at::zeros(like.sizes(), like.options());
+  };
+  at::Tensor dq = gradient(q, false), dk = gradient(k, true), dv = gradient(v, true);
+  if (nothing_to_compute(s)) return {dq, dk, dv};
+  const DeviceInfo& info = check_cuda_device(q);
+  const DType dtype = to_dtype(q);
+  check_vector_aligned(as_rows(out), "out");
+  check_vector_aligned(as_rows(grad_out), "grad_out");
+  AttnBwdParams p{};
+  fill_varlen(p, s, q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k, scale, band, info);
+  fill_bwd(p, as_rows(grad_out), as_rows(dq), as_rows(dk), as_rows(dv));
+  const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
+  launch(chosen, p, dtype, q);
+  return {dq, dk, dv};
 }
 
 }  // namespace

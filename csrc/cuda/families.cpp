@@ -19,19 +19,21 @@ struct Limits {
   int min_cc, max_cc;
   int align_bytes;
   // "min_cc=80 max_cc=0 stride0_ok=true align_bytes=16 max_rows=0 masks=fwd,bwd additive_masks=fwd,bwd
-  // windows=fwd,bwd"
+  // windows=fwd,bwd seqlens=fwd,bwd"
   const char* text;
   const char* masks;           // the passes that read a boolean attn_mask, comma-separated
   const char* additive_masks;  // those that read an additive one
   const char* windows;         // those that read a band's left edge
+  const char* seqlens;         // those that read per-sequence lengths
 };
 constexpr Limits kLimits[] = {
 #define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
-                   passes, head_dims)                                                                   \
+                   seqlens, passes, head_dims)                                                          \
   {#family, min_cc, max_cc, align_bytes,                                                                 \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes          \
-   " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks " windows=" windows,         \
-   masks, additive_masks, windows},
+   " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks " windows=" windows          \
+   " seqlens=" seqlens,                                                                                  \
+   masks, additive_masks, windows, seqlens},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -67,7 +69,7 @@ const Table& table() {
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
       list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass),
-                      lists(l.windows, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
+                      lists(l.windows, pass), lists(l.seqlens, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
@@ -114,6 +116,7 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
   const bool masked = p.mask.in_memory();
   const bool additive = p.mask.mode == MaskMode::kAdditive;
   const bool window = p.mask.mode == MaskMode::kBand && p.mask.window_left >= 0;
+  const bool per_batch_lengths = p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k;
   std::string families;
   for (const auto& k : kernels) families += (families.empty() ? "" : ", ") + std::string(k.family);
   TORCH_CHECK(family.has_value(), "the CUDA ", pass, " op runs the family its caller names, and ",
@@ -131,6 +134,8 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
                 additive ? "an additive" : "a boolean", " attn_mask (", masked_families(kernels, additive), ")");
     TORCH_CHECK(!window || k.windows, "family='", *family, "' has no ", pass,
                 " kernel that reads a window's left edge (window_left)");
+    TORCH_CHECK(!per_batch_lengths || k.seqlens, "family='", *family, "' has no ", pass,
+                " kernel that reads per-sequence lengths (a packed variable-length batch or seqused_k)");
     TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot run these inputs (a stride of 0 from expand(), ",
                 "a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
                 " bytes, or, for a decode family, a query longer than it serves)");

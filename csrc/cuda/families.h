@@ -27,6 +27,7 @@ struct PassKernels {
   bool masks;          // the registry's: this pass reads a boolean attn_mask (params.mask.values)
   bool additive_masks;  // and an additive one
   bool windows;         // the registry's: this pass reads a band's left edge (window_left)
+  bool seqlens;         // the registry's: this pass reads per-sequence lengths (params.seqlens)
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);

@@ -35,9 +35,12 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int row0 = blockIdx.x * Cfg::kBlockRows;
-  const int64_t bh = int64_t(batch) * p.heads_q + head;
-  const int64_t stat0 = bh * ws.len_q_pad + row0;
   const int len_q = p.seqlen_q(batch);
+  // The grid covers the longest sequence; a packed batch's shorter ones own
+  // fewer padded rows, and the next sequence's follow them.
+  if (row0 >= padded_len_q(len_q)) return;
+  const int64_t stat0 = ws.row0(batch, head, p.heads_q) + row0;
+  const float* lse = p.lse + p.lse_offset(batch, head);
 
   for (int split = 0; split < ws.splits; ++split) {
     float4* acc = reinterpret_cast<float4*>(ws.dq_accum + split * ws.split_elems + stat0 * kHeadDim);
@@ -48,8 +51,8 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % Cfg::kLanesPerRow;
-  const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
+  const Element* o = static_cast<const Element*>(p.o) + p.o_offset(batch) + head * p.o_head_stride;
+  const Element* dout = static_cast<const Element*>(p.dout) + p.do_offset(batch) + head * p.do_head_stride;
   for (int r = warp * Cfg::kRowsPerWarp + lane / Cfg::kLanesPerRow; r < Cfg::kBlockRows;
        r += Cfg::kWarps * Cfg::kRowsPerWarp) {
     const int row = row0 + r;
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
     if (chunk == 0) {
       const bool real = row < len_q;
       ws.dsum[stat0 + r] = real ? sum : 0.f;
-      ws.lse_log2[stat0 + r] = real ? p.lse[bh * p.len_q + row] * kLog2eFloat : INFINITY;
+      ws.lse_log2[stat0 + r] = real ? lse[row] * kLog2eFloat : INFINITY;
     }
   }
 }

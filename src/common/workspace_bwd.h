@@ -15,7 +15,7 @@ namespace tfb {
 // query blocks without bounds checks.
 constexpr int kBwdRowPad = 128;
 
-inline int padded_len_q(int len_q) { return (len_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
+TFB_PARAMS_HD int padded_len_q(int len_q) { return (len_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad; }
 
 // dQ accumulators. By default one, which every key block adds into with
 // atomics (their order varies from run to run). Deterministic: one per CTA
@@ -30,17 +30,38 @@ inline int dq_splits(const AttnBwdParams& p) {
   return int(want < 1 ? 1 : want > 8 ? 8 : want);
 }
 
-// Per (batch, q head), each array is contiguous over padded query rows.
+// Rows of the per-row arrays. Uniform lengths: (B, Hq, Lpad), Lpad the padded
+// len_q. A packed batch (seqlens.cu_q): (Hq, rows) per head, sequence b from
+// row packed_row0(b), its rows padded as above: a sequence's padded rows
+// never reach the next one's, and the arrays grow with total_q + B * pad, not
+// with B * the longest sequence.
+TFB_PARAMS_HD int64_t packed_row0(const int* cu_q, int b) {
+  return (int64_t(cu_q[b]) + int64_t(b) * kBwdRowPad) / kBwdRowPad * kBwdRowPad;
+}
+
+inline int64_t packed_head_rows(const AttnBwdParams& p) {
+  return (p.seqlens.total_q + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad + int64_t(p.batch) * kBwdRowPad;
+}
+
+// Per (batch, q head), each array is contiguous over its padded query rows.
 struct BwdWorkspace {
-  float* dq_accum;  // (splits, B, Hq, Lpad, E): scale-free dQ, summed over key blocks
-  float* lse_log2;  // (B, Hq, Lpad): lse * log2(e); +inf on padded rows so their P is 0
-  float* dsum;      // (B, Hq, Lpad): rowsum(dO * O); 0 on padded rows
-  int len_q_pad;
+  float* dq_accum;  // (splits, rows, E): scale-free dQ, summed over key blocks
+  float* lse_log2;  // (rows): lse * log2(e); +inf on padded rows so their P is 0
+  float* dsum;      // (rows): rowsum(dO * O); 0 on padded rows
+  int len_q_pad;    // uniform lengths: rows per (batch, head)
   int splits;
-  int64_t split_elems;  // B * Hq * Lpad * E: from one split to the next
+  int64_t split_elems;  // rows * E: from one split to the next
+  const int* cu_q;      // a packed batch's offsets, else null
+  int64_t head_rows;    // a packed batch: rows per head
+
+  // Index of (batch, head)'s first row; its rows follow it.
+  TFB_PARAMS_HD int64_t row0(int batch, int head, int heads_q) const {
+    return cu_q ? head * head_rows + packed_row0(cu_q, batch) : (int64_t(batch) * heads_q + head) * len_q_pad;
+  }
 };
 
 inline size_t bwd_rows_total(const AttnBwdParams& p) {
+  if (p.seqlens.cu_q) return static_cast<size_t>(p.heads_q) * packed_head_rows(p);
   return static_cast<size_t>(p.batch) * p.heads_q * padded_len_q(p.len_q);
 }
 
@@ -54,7 +75,8 @@ inline BwdWorkspace carve_bwd_workspace(const AttnBwdParams& p) {
   const int splits = dq_splits(p);
   float* base = static_cast<float*>(p.workspace);
   float* stats = base + rows * p.head_dim * splits;
-  return {base, stats, stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim};
+  return {base,   stats,          stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim,
+          p.seqlens.cu_q, p.seqlens.cu_q ? packed_head_rows(p) : 0};
 }
 
 }  // namespace tfb

@@ -63,10 +63,11 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
   });
 }
 
-// Per-batch lengths (a packed batch) with a band or none; the backward reads uniform lengths alone.
+// Per-batch lengths (a packed batch) with a band or none: a mask in memory is
+// summarised per (batch, head) over uniform lengths.
 bool per_batch_lengths(const AttnFwdParams& p) { return p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k; }
 bool can_run_fwd(const AttnFwdParams& p) { return !per_batch_lengths(p) || !p.mask.in_memory(); }
-bool can_run_bwd(const AttnBwdParams& p) { return !per_batch_lengths(p); }
+bool can_run_bwd(const AttnBwdParams& p) { return can_run_fwd(p); }
 
 // attn_mask's tile summary (common/mask_summary.h) for the pass's tiles; the
 // backward's follows its accumulators.

@@ -29,7 +29,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int m0 = blockIdx.x * kM;
-  const float* mine = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kE + tid;
+  const int len_q = p.seqlen_q(batch);
+  if (m0 >= len_q) return;  // the grid covers the longest sequence
+  const float* mine = ws.dq_accum + (ws.row0(batch, head, p.heads_q) + m0) * kE + tid;
 
   Tensor acc = partition_fragment_C(typename Traits::TiledMmadQ{}, Shape<Int<kM>, Int<kE>>{});
   CUTE_UNROLL
@@ -48,9 +50,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
   copy(r2s, thr.retile_S(r), thr.partition_D(sdQ));
   __syncthreads();
 
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride + m0 * p.dq_row_stride;
+  Element* dq = static_cast<Element*>(p.dq) + p.dq_offset(batch) + head * p.dq_head_stride + m0 * p.dq_row_stride;
   Tensor g = make_tensor(make_gmem_ptr(dq), Shape<Int<kM>, Int<kE>>{}, make_stride(p.dq_row_stride, _1{}));
-  store_tile<typename Traits::GmemStore>(sdQ, g, p.seqlen_q(batch) - m0, tid);
+  store_tile<typename Traits::GmemStore>(sdQ, g, len_q - m0, tid);
 }
 
 template <class Traits>

@@ -49,9 +49,9 @@ struct BwdEpilogue {
     stage(acc_dv, sdV);
     __syncthreads();
     const int n0 = blk.n_block * kN;
-    Element* dk = static_cast<Element*>(p.dk) + blk.batch * p.dk_batch_stride + blk.head_kv * p.dk_head_stride +
+    Element* dk = static_cast<Element*>(p.dk) + p.dk_offset(blk.batch) + blk.head_kv * p.dk_head_stride +
                   n0 * p.dk_row_stride;
-    Element* dv = static_cast<Element*>(p.dv) + blk.batch * p.dv_batch_stride + blk.head_kv * p.dv_head_stride +
+    Element* dv = static_cast<Element*>(p.dv) + p.dv_offset(blk.batch) + blk.head_kv * p.dv_head_stride +
                   n0 * p.dv_row_stride;
     write(sdK, dk, p.dk_row_stride, blk.len_k - n0);
     write(sdV, dv, p.dv_row_stride, blk.len_k - n0);

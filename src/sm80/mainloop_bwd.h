@@ -96,10 +96,10 @@ struct BwdMainloop {
 
   CUTE_DEVICE void load_k_v(const AttnBwdParams& p, const BwdBlock& blk) const {
     const int n0 = blk.n_block * kN;
-    const Element* k = static_cast<const Element*>(p.k) + blk.batch * p.k_batch_stride +
-                       blk.head_kv * p.k_head_stride + n0 * p.k_row_stride;
-    const Element* v = static_cast<const Element*>(p.v) + blk.batch * p.v_batch_stride +
-                       blk.head_kv * p.v_head_stride + n0 * p.v_row_stride;
+    const Element* k = static_cast<const Element*>(p.k) + p.k_offset(blk.batch) + blk.head_kv * p.k_head_stride +
+                       n0 * p.k_row_stride;
+    const Element* v = static_cast<const Element*>(p.v) + p.v_offset(blk.batch) + blk.head_kv * p.v_head_stride +
+                       n0 * p.v_row_stride;
     using Layout = typename Traits::SmemLayoutKV;
     load_tile(make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(p.k_row_stride, _1{})),
               view(smem + Traits::kOffK, Layout{}), blk.len_k - n0);
@@ -107,19 +107,19 @@ struct BwdMainloop {
               view(smem + Traits::kOffV, Layout{}), blk.len_k - n0);
   }
 
-  // Q (or dO, with the dO pointer and strides) of one step into a stage.
-  CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_stride, int64_t head_stride, int64_t row_stride,
-                                const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, Element* s) const {
+  // Q (or dO, with the dO pointer, batch offset and strides) of one step into a stage.
+  CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_offset, int64_t head_stride, int64_t row_stride,
+                                const BwdBlock& blk, BwdBlock::Step step, Element* s) const {
     const int h = step.head_q, m0 = step.m_block * kM;
-    const Element* g = static_cast<const Element*>(base) + blk.batch * batch_stride + h * head_stride + m0 * row_stride;
+    const Element* g = static_cast<const Element*>(base) + batch_offset + h * head_stride + m0 * row_stride;
     load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
               view(s, typename Traits::SmemLayoutQ{}), blk.len_q - m0);
   }
   CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.q, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p, blk, step, q_buf(stage));
+    load_rows_of(p.q, p.q_offset(blk.batch), p.q_head_stride, p.q_row_stride, blk, step, q_buf(stage));
   }
   CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.dout, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p, blk, step, do_buf(stage));
+    load_rows_of(p.dout, p.do_offset(blk.batch), p.do_head_stride, p.do_row_stride, blk, step, do_buf(stage));
   }
 
   // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
@@ -173,7 +173,7 @@ struct BwdMainloop {
       const bool has_next = !blk.done(nxt);
       const Mask mask{mask::policy_of<Policy>(p, blk.batch, cur.head_q, blk.len_q, blk.len_k)};
       const int m0 = cur.m_block * kM;
-      const int64_t stat0 = (int64_t(blk.batch) * p.heads_q + cur.head_q) * ws.len_q_pad + m0;
+      const int64_t stat0 = ws.row0(blk.batch, cur.head_q, p.heads_q) + m0;
 
       // Everything issued so far (this step's Q and dO) has landed, and every
       // warp is done with the previous step's shared tiles.
