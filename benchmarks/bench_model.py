@@ -8,6 +8,11 @@ Rows (median ms of --reps runs, the two variants in turns):
   train step  forward + backward + AdamW step, batch 2, sequence --train-len
   train-padded  the same with a right-padded batch (row 2 valid for 70% of its tokens): the
               boolean attn_mask Hugging Face passes then reaches every attention call
+  train-packed  one row of 2 x --train-len tokens packed from documents of 100-2048 tokens,
+              position ids restarting per document: Hugging Face's sdpa (a block-diagonal mask it
+              builds from the position ids), the same under enable() (our mask path), and
+              torch_flash_backend.transformers' attention (our packed kernels, no mask), in
+              tokens/s
   train-compiled  the same with the model under torch.compile (compiled once per variant:
               a compiled graph records whether it runs inside enable())
   prefill     one forward over a --prompt-len prompt (batch 1), no grad
@@ -126,6 +131,53 @@ def static_rows(model, batch, length, new_tokens, reps):
             ("static decode step", f"batch {batch}, cache {length + new_tokens}", step)]
 
 
+def packed_rows(model, args):
+    """The train-packed row (module docstring), tokens/s as the row's note."""
+    import torch_flash_backend.transformers as tfb_hf
+
+    gen = torch.Generator().manual_seed(1)
+    total, lens = 2 * args.train_len, []
+    while sum(lens) < total:
+        lens.append(int(torch.randint(100, 2049, (1,), generator=gen)))
+    lens[-1] -= sum(lens) - total
+    ids = torch.randint(0, 32000, (1, total), device="cuda")
+    position_ids = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0).cuda()
+    labels = ids.clone()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    name = tfb_hf.register()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(ids, position_ids=position_ids, labels=labels).loss.backward()
+        optimizer.step()
+
+    def with_impl(impl, fn, strict=None):
+        def run():
+            model.set_attn_implementation(impl)
+            try:
+                if strict is None:
+                    return fn()
+                with tfb.enable(strict=strict):
+                    return fn()
+            finally:
+                model.set_attn_implementation("sdpa")
+        return run
+
+    fns = {"PyTorch": with_impl("sdpa", step), "enable()": with_impl("sdpa", step, strict=False),
+           "varlen": with_impl(name, step)}
+    t = in_turns(fns, args.reps)
+    del optimizer
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    shape = f"1 x {total}, {len(lens)} documents"
+    tokens = {k: total / (v / 1e3) for k, v in t.items()}
+    print(f"train step, packed ({shape}): tokens/s PyTorch sdpa {tokens['PyTorch']:.0f}, sdpa under enable() "
+          f"{tokens['enable()']:.0f}, torch_flash_backend.transformers {tokens['varlen']:.0f} "
+          f"({tokens['varlen'] / tokens['PyTorch']:.2f}x)")
+    return [("train step, packed (sdpa)", shape, {"PyTorch": t["PyTorch"], "enable()": t["enable()"]}),
+            ("train step, packed (ours: varlen)", shape, {"PyTorch": t["PyTorch"], "enable()": t["varlen"]})]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=2048)
@@ -136,7 +188,7 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rows", default="train,train-padded,train-compiled,prefill,generate,static",
+    parser.add_argument("--rows", default="train,train-padded,train-packed,train-compiled,prefill,generate,static",
                         help="which rows to run")
     parser.add_argument("--static-prompts", default="1024,4096", help="prompt lengths of the static-cache rows")
     parser.add_argument("--static-batch", type=int, default=8)
@@ -184,6 +236,8 @@ def main():
         del optimizer
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
+    if "train-packed" in wanted:
+        rows += packed_rows(model, args)
     if "train-compiled" in wanted:
         ids = torch.randint(0, 32000, (2, args.train_len), device="cuda")
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)

@@ -147,3 +147,37 @@ def test_masked_models_cuda_routed(kind, caplog):
         assert rel_err(logits[valid], ref_logits[valid]) < 2e-2
         worst = max((rel_err(g, r) for g, r in zip(grads, ref_grads)), default=0.0)
         assert len(grads) == len(ref_grads) and worst < 2e-2, f"gradient relative error {worst:.2e}"
+
+
+@pytest.mark.gpu
+def test_packed_documents_through_the_transformers_helper():
+    """torch_flash_backend.transformers: a packed row (position ids restarting
+    per document) reaches our packed kernels without a mask, and its logits and
+    gradients match each document run on its own through PyTorch's SDPA; a
+    right-padded batch gives the logits of its real tokens."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import torch_flash_backend.transformers as tfb_hf
+    name = tfb_hf.register()
+    model = tiny_llama(256, 4, 2).to("cuda", torch.bfloat16)
+    lens = [37, 200, 1, 90]
+    ids = torch.randint(0, 256, (1, sum(lens)), device="cuda")
+    position_ids = torch.cat([torch.arange(n) for n in lens]).unsqueeze(0).cuda()
+    tfb.reset_stats()
+    model.set_attn_implementation(name)
+    try:
+        logits = model(ids, position_ids=position_ids).logits[0]
+        padded = torch.zeros(2, 200, dtype=torch.long, device="cuda")
+        padded[0, :37], padded[1] = ids[0, :37], ids[0, 37:237]
+        mask = (torch.arange(200, device="cuda") < torch.tensor([[37], [200]], device="cuda")).long()
+        padded_logits = model(padded, attention_mask=mask).logits
+    finally:
+        model.set_attn_implementation("sdpa")
+    routed = tfb.stats()["routed"]
+    assert any(n.startswith("sm80_fwd_bf16_hdim64") for n in routed), routed
+    starts = [0] + torch.tensor(lens).cumsum(0).tolist()
+    for i, n in enumerate(lens):
+        doc = model(ids[:, starts[i]:starts[i] + n]).logits[0]
+        assert rel_err(logits[starts[i]:starts[i] + n], doc) < 2e-2, i
+    assert rel_err(padded_logits[0, :37], logits[:37]) < 2e-2
+    assert rel_err(padded_logits[1], logits[37:237]) < 2e-2

@@ -153,6 +153,14 @@ def test_router_decides_packed_batches():
         cu = torch.empty(3, dtype=torch.int32, device="cuda")
         d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
         assert not d.served and "packed variable-length batch: no forward" in d.reason, d
+    both = testing.registry_kernel_names("sm90", "sm80")
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=both):
+        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        # On Hopper sm90 comes first and reads no packed batch: enable() leaves it to PyTorch, strict takes sm80.
+        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
+        assert not d.served and "the sm90 family, this chip's first, reads none" in d.reason, d
+        assert _router.decide_varlen(q, q, q, cu, cu, 40, 50, pinned=True).kernel == "sm80_fwd_bf16_hdim64"
     kernels = ["sm80_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"]
     with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=kernels):
         q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
@@ -350,9 +358,11 @@ def test_cuda_provider_serves_varlen_attn(window_size):
     tfb.reset_stats()
     A.activate_flash_attention_impl("torch_flash_backend")
     try:
-        out = varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max_len, max_len, window_size=window_size)
-        dout = torch.randn_like(out)
-        grads = torch.autograd.grad(out, leaves, dout)
+        # sm80 alone: on Hopper the router leaves packed batches to PyTorch's kernel, faster than sm80's there.
+        with testing.kernel_families("sm80"):
+            out = varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max_len, max_len, window_size=window_size)
+            dout = torch.randn_like(out)
+            grads = torch.autograd.grad(out, leaves, dout)
     finally:
         A.restore_flash_attention_impl()
     routed = tfb.stats()["routed"]
@@ -404,6 +414,13 @@ def test_cuda_enable_serves_varlen_attn():
     tfb.reset_stats()
     varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max(lens), max(lens), window_size=(-1, 0)).sum().backward()
     assert not tfb.stats()["routed"], tfb.stats()
+    # Lenient enable() on Hopper leaves it to PyTorch's kernel too (faster than sm80's there), saying why.
+    with tfb.enable():
+        varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max(lens), max(lens), window_size=(-1, 0))
+    if torch.cuda.get_device_capability() == (9, 0):
+        assert not tfb.stats()["routed"] and any("reads none" in r for r in tfb.stats()["fallback"]), tfb.stats()
+    else:
+        assert tfb.stats()["routed"], tfb.stats()
 
 
 @pytest.mark.gpu

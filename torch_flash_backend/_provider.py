@@ -135,15 +135,16 @@ def served_forward_of(lse: torch.Tensor) -> bool:
 
 def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                          return_debug_mask, scale=None, window_size_left=None, window_size_right=None,
-                         seqused_k=None, alibi_slopes=None):
+                         seqused_k=None, alibi_slopes=None, pinned=False):
     """PyTorch's flash forward on a packed batch (cum_seq_q / cum_seq_k; (total,
     H, E) tensors, causal and windows bottom-right per sequence) by our kernels:
-    (the op's outputs or None, the decision), counted in stats() and logged."""
+    (the op's outputs or None, the decision), counted in stats() and logged.
+    pinned: any family that can (strict enable()), not only where ours are faster."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
     window = _window(window_size_left, window_size_right)
     decision = (_router.Decision(False, None, reason) if reason is not None else
                 _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                                      scale, window, seqused_k, needs_grad=False))
+                                      scale, window, seqused_k, needs_grad=False, pinned=pinned))
     _count(decision, False)
     if not decision.served:
         return None, decision
@@ -156,14 +157,16 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
 def serve_packed_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                           dropout_p, is_causal, scale=None, window_size_left=None, window_size_right=None):
     """PyTorch's flash backward on a packed batch by our kernels: (dq, dk, dv)
-    or None, and the decision; counted in stats() and logged."""
+    or None, and the decision; counted in stats() and logged. The backward of
+    a forward ours served takes any family that can (as the forward did)."""
     window = _window(window_size_left, window_size_right)
     if not _packed_lse_ok(logsumexp, query):
         decision = _router.Decision(False, None, "logsumexp is not a contiguous float32 (heads, total tokens) "
                                                  "tensor")
     else:
         decision = _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                                         is_causal, scale, window, needs_grad=True)
+                                         is_causal, scale, window, needs_grad=True,
+                                         pinned=served_forward_of(logsumexp))
     _count(decision, True)
     if not decision.served:
         return None, decision
@@ -316,7 +319,7 @@ def _install_switch() -> torch.library.Library:
             from . import _enable  # imports this module
             strict = _enable.routing_strictness()
             if strict is not None:
-                outputs, decision = serve_packed_forward(*args, **kwargs)
+                outputs, decision = serve_packed_forward(*args, **kwargs, pinned=strict)
                 if outputs is not None:
                     return outputs
                 if strict:

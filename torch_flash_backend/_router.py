@@ -46,6 +46,13 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
+# Measured on an H100 (benchmarks/RESULTS.md, "Variable lengths"): the sm80 kernels
+# on packed batches run at 0.87-1.07x PyTorch's flash kernel, so where the chip's
+# preferred family reads no packed batch, enable() leaves them to PyTorch
+# (strict mode and flash_attn-style pinned calls still take ours).
+PACKED_SLOWER_REASON = ("a packed variable-length batch: the {preferred} family, this chip's first, reads none, "
+                        "and the {reader} kernels that do are not faster than PyTorch's flash kernel here "
+                        "(benchmarks/RESULTS.md, \"Variable lengths\"); PyTorch's kernel serves it")
 PACKED_GRAD_REASON = ("a packed variable-length batch and inputs that require grad: no backward family allowed "
                       "here reads one")
 WINDOW_GRAD_REASON = "a window's left edge and inputs that require grad: no backward family allowed here reads one"
@@ -486,10 +493,13 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
     by_name = {str(k): k for k in kernels}
     fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
     if packed:
+        tiled = [k for k in fwd_kernels if not k.max_rows]
         fwd_kernels = [k for k in fwd_kernels if k.seqlens]
         if not fwd_kernels:
             return _fallback(f"a packed variable-length batch: no forward built for {dtype_name} head dim {e} reads "
                              f"one{only}")
+        if routing and tiled and not tiled[0].seqlens:
+            return _fallback(PACKED_SLOWER_REASON.format(preferred=tiled[0].family, reader=fwd_kernels[0].family))
     if mask_kind:
         readers = [k for k in fwd_kernels if k.reads_mask(mask_kind)]
         if mask_kind == "window" and not readers:

@@ -54,10 +54,12 @@ struct BwdWorkspace {
   const int* cu_q;      // a packed batch's offsets, else null
   int64_t head_rows;    // a packed batch: rows per head
 
-  // Index of (batch, head)'s first row; its rows follow it.
+  // Index of (batch, head)'s first row; its rows follow it. The next head's
+  // first row is head_stride() further on.
   TFB_PARAMS_HD int64_t row0(int batch, int head, int heads_q) const {
     return cu_q ? head * head_rows + packed_row0(cu_q, batch) : (int64_t(batch) * heads_q + head) * len_q_pad;
   }
+  TFB_PARAMS_HD int64_t head_stride() const { return cu_q ? head_rows : len_q_pad; }
 };
 
 inline size_t bwd_rows_total(const AttnBwdParams& p) {

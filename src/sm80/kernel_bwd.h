@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
   Tensor acc_dk = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
   Tensor acc_dv = partition_fragment_C(typename Traits::TiledMmadKV{}, TileKV{});
   for (int n_block = blockIdx.x; n_block < n_blocks; n_block += gridDim.x) {
-    const BwdBlock blk(p, mask, n_block, head_kv, batch);
+    const BwdBlock blk(p, ws, mask, n_block, head_kv, batch);
     clear(acc_dk);
     clear(acc_dv);
     BwdMainloop<Traits, Policy>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);

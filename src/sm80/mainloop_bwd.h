@@ -23,6 +23,10 @@ namespace tfb::sm80::bwd {
 struct BwdBlock {
   int n_block, head_kv, batch, group;
   int len_q, len_k;  // the batch's (AttnFwdParams::seqlen_q / seqlen_k)
+  // Where the batch starts, once per block: q and dO (params.h q_offset,
+  // do_offset), and its row statistics of head 0 in the workspace with their
+  // stride per head (BwdWorkspace::row0, head_stride).
+  int64_t q_offset, do_offset, stat_row0, stat_head_stride;
   int m_begin;  // first query block that sees the keys (the mask's m_blocks)
   int m_count;  // query blocks per head from m_begin on
   // A mask in memory: this key block's column of the tile summary at head 0
@@ -32,9 +36,11 @@ struct BwdBlock {
   int kinds_row_stride = 0;
 
   template <class Walk>
-  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, Walk const& mask, int n_block_, int head_kv_, int batch_)
+  CUTE_DEVICE BwdBlock(const AttnBwdParams& p, const BwdWorkspace& ws, Walk const& mask, int n_block_, int head_kv_,
+                       int batch_)
       : n_block(n_block_), head_kv(head_kv_), batch(batch_), group(p.heads_q / p.heads_kv),
-        len_q(p.seqlen_q(batch_)), len_k(p.seqlen_k(batch_)) {
+        len_q(p.seqlen_q(batch_)), len_k(p.seqlen_k(batch_)), q_offset(p.q_offset(batch_)),
+        do_offset(p.do_offset(batch_)), stat_row0(ws.row0(batch_, 0, p.heads_q)), stat_head_stride(ws.head_stride()) {
     const auto m_blocks = mask.m_blocks(n_block);
     m_begin = m_blocks.begin;
     m_count = m_blocks.end - m_blocks.begin;
@@ -116,10 +122,10 @@ struct BwdMainloop {
               view(s, typename Traits::SmemLayoutQ{}), blk.len_q - m0);
   }
   CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.q, p.q_offset(blk.batch), p.q_head_stride, p.q_row_stride, blk, step, q_buf(stage));
+    load_rows_of(p.q, blk.q_offset, p.q_head_stride, p.q_row_stride, blk, step, q_buf(stage));
   }
   CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.dout, p.do_offset(blk.batch), p.do_head_stride, p.do_row_stride, blk, step, do_buf(stage));
+    load_rows_of(p.dout, blk.do_offset, p.do_head_stride, p.do_row_stride, blk, step, do_buf(stage));
   }
 
   // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
@@ -173,7 +179,7 @@ struct BwdMainloop {
       const bool has_next = !blk.done(nxt);
       const Mask mask{mask::policy_of<Policy>(p, blk.batch, cur.head_q, blk.len_q, blk.len_k)};
       const int m0 = cur.m_block * kM;
-      const int64_t stat0 = ws.row0(blk.batch, cur.head_q, p.heads_q) + m0;
+      const int64_t stat0 = blk.stat_row0 + cur.head_q * blk.stat_head_stride + m0;
 
       // Everything issued so far (this step's Q and dO) has landed, and every
       // warp is done with the previous step's shared tiles.
