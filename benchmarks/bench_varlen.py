@@ -1,6 +1,7 @@
 """Packed variable-length attention (varlen_attn's calls) in TFLOP/s: PyTorch's
-own kernel, ours (varlen_attn with our provider active, as a user switches it
-on), FlashAttention-4's varlen path where installed (flash_attn.cute), and, for
+own kernel (varlen_attn), ours (the packed op, families as the router pins
+them, as strict enable() and the provider's served calls run), FlashAttention-4's
+varlen path where installed (flash_attn.cute), and, for
 batches of equal lengths, our dense kernel on the same tokens. Backends in
 turns, one table.
 
@@ -15,10 +16,12 @@ forward (halved when causal), 2.5 times that more for the backward.
 import argparse
 
 import torch
-from torch.nn import attention as A
 from torch.nn.attention.varlen import varlen_attn
 
 import torch_flash_backend as tfb
+from torch_flash_backend import _router
+
+ops = torch.ops.torch_flash_backend
 
 
 def lengths(kind: str, total: int, gen: torch.Generator) -> list[int]:
@@ -95,7 +98,16 @@ def main():
                     def pytorch():
                         step(lambda: varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window))
 
-                    runs = {"PyTorch": pytorch, "ours": pytorch}
+                    # Ours: the packed op with the families the router pins (enable() itself leaves
+                    # packed batches to PyTorch where its kernels are not faster).
+                    pinned = _router.decide_varlen(q, k, v, cu, cu, longest, longest, 0.0, bool(causal),
+                                                   needs_grad=mode == "fwdbwd", pinned=True)
+
+                    def ours():
+                        step(lambda: ops.varlen_fwd(q, k, v, cu, cu, longest, longest, None, bool(causal),
+                                                    pinned.family, pinned.backward_family)[0])
+
+                    runs = {"PyTorch": pytorch, "ours": ours}
                     if kind == "equal":
                         b = len(lens)
                         dense = [t.view(b, longest, h, e).transpose(1, 2) for t in (q, k, v)]
@@ -113,14 +125,7 @@ def main():
                     best = {}
                     for _ in range(args.rounds):
                         for name, fn in runs.items():
-                            if name == "ours":
-                                A.activate_flash_attention_impl("torch_flash_backend")
-                            try:
-                                seconds = timed(fn, args.reps, args.warmup)
-                            finally:
-                                if name == "ours":
-                                    A.restore_flash_attention_impl()
-                            best[name] = max(best.get(name, 0.0), flops / seconds / 1e12)
+                            best[name] = max(best.get(name, 0.0), flops / timed(fn, args.reps, args.warmup) / 1e12)
                     cells = [f"{best[n]:.0f}" if n in best else "-" for n in ("PyTorch", "ours", "ours dense", "FA4")]
                     print(f"| {kind} | {tokens} | {len(lens)} | {longest} | {causal} | {mode} | {' | '.join(cells)} | "
                           f"{best['ours'] / best['PyTorch']:.2f} |", flush=True)

@@ -462,3 +462,26 @@ def test_cuda_enable_serves_jagged_sdpa():
     q80, k80, v80 = jagged(80), jagged(80), jagged(80)
     with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError, match="head dim 80"):
         F.scaled_dot_product_attention(q80.transpose(1, 2), k80.transpose(1, 2), v80.transpose(1, 2))
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_varlen_attn_inside_and_outside_enable():
+    """torch.compile(fullgraph=True) of a function calling varlen_attn: run
+    inside enable() its packed calls reach our kernels (the switch sees the
+    compiled graph's flash op), outside it PyTorch's; the same numbers."""
+    _cuda()
+    from torch.nn.attention.varlen import varlen_attn
+    lens = CUDA_LENS_Q[1:]
+    q, k, v, cu_q, cu_k = (t.cuda() for t in packed(lens, lens, hq=4, hkv=4, e=64, dtype=torch.bfloat16, seed=8))
+
+    @torch.compile(fullgraph=True)
+    def attend(q, k, v):
+        return varlen_attn(q, k, v, cu_q, cu_k, max(lens), max(lens), window_size=(-1, 0)) * 2
+
+    tfb.reset_stats()
+    plain = attend(q, k, v)
+    assert not tfb.stats()["routed"], tfb.stats()
+    with tfb.enable(strict=True):
+        ours = attend(q, k, v)
+    assert any(n.startswith("sm80_fwd_bf16_hdim64") for n in tfb.stats()["routed"]), tfb.stats()
+    torch.testing.assert_close(ours, plain, atol=2e-2, rtol=2e-2)

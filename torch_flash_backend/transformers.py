@@ -7,7 +7,7 @@ through transformers' ``AttentionInterface`` that gives such a batch to our
 packed variable-length kernels instead, with no mask::
 
     import torch_flash_backend.transformers as tfb_hf
-    name = tfb_hf.register()                       # "torch_flash_backend"
+    name = tfb_hf.register()                       # "tfb_packed"
     model = AutoModelForCausalLM.from_config(config, attn_implementation=name)
     model(input_ids, position_ids=position_ids)    # position_ids restart per document
 
@@ -31,7 +31,8 @@ from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _router, _stats
 from .functional import flash_attn
 
-NAME = "torch_flash_backend"
+# transformers reads a name holding "flash" as one of its flash-attention kernels.
+NAME = "tfb_packed"
 
 _ops = torch.ops.torch_flash_backend
 
