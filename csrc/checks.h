@@ -223,9 +223,10 @@ struct Sequence {
   int64_t q0, len_q, k0, len_k;
 };
 
-// The offsets' values, read on the host (a CUDA tensor's are copied there: a
-// sync), checked: each sequence inside the packed tensors, rising, within
-// max_q / max_k, seqused_k within its sequence's keys.
+// The offsets' values, read on the host (the CPU ops': the CUDA ops leave them
+// on the device, where the kernels clamp what they read, params.h SeqLens),
+// checked: each sequence inside the packed tensors, rising, within max_q /
+// max_k, seqused_k within its sequence's keys.
 inline std::vector<Sequence> check_sequences(const VarlenShape& s, const at::Tensor& cu_seq_q,
                                              const at::Tensor& cu_seq_k, const std::optional<at::Tensor>& seqused_k) {
   const at::Tensor host_q = cu_seq_q.cpu(), host_k = cu_seq_k.cpu();
@@ -250,14 +251,6 @@ inline std::vector<Sequence> check_sequences(const VarlenShape& s, const at::Ten
     out[b] = {cq[b], cq[b + 1] - cq[b], ck[b], len_k};
   }
   return out;
-}
-
-// Whether the sequences cover every packed query row (keys: every key row),
-// sequences being disjoint: rows no sequence covers get 0 in the outputs.
-inline bool covers_every_row(const std::vector<Sequence>& seqs, int64_t total, bool keys) {
-  int64_t covered = 0;
-  for (const Sequence& seq : seqs) covered += keys ? seq.len_k : seq.len_q;
-  return covered == total;
 }
 
 // The backward's extra tensors of a packed call: grad_out and out as q,

@@ -21,17 +21,31 @@ namespace tfb {
 
 // Per-batch lengths: a packed variable-length batch (cumulative offsets) or a
 // preallocated KV cache in use up to a length per batch.
+//
+// Offsets are the caller's, read on the device and never checked on the host
+// (that would cost a sync per call), so every read clamps them: a wrong value
+// (falling, negative, past the packed tensors, a sequence longer than the
+// longest the caller named) gives a sequence inside the tensors, perhaps empty
+// or overlapping another, never a read or write outside them.
 struct SeqLens {
   const int* cu_q = nullptr;    // (B + 1); batch b's query rows are [cu_q[b], cu_q[b + 1])
   const int* cu_k = nullptr;    // (B + 1); the same for keys
   const int* used_k = nullptr;  // (B); keys in use per batch, at most the batch's length
   int64_t total_q = 0;          // with cu_q: the packed q's rows, lse's stride per head
+  int64_t total_k = 0;          // with cu_k: the packed k's rows
+
+  TFB_PARAMS_HD static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+  // Batch b's first row and the end of its offsets' range, in the packed tensors.
+  TFB_PARAMS_HD int64_t q_begin(int b) const { return clamp(cu_q[b], 0, total_q); }
+  TFB_PARAMS_HD int64_t q_end(int b) const { return clamp(cu_q[b + 1], q_begin(b), total_q); }
+  TFB_PARAMS_HD int64_t k_begin(int b) const { return clamp(cu_k[b], 0, total_k); }
+  TFB_PARAMS_HD int64_t k_end(int b) const { return clamp(cu_k[b + 1], k_begin(b), total_k); }
 
   // Batch b's lengths, given the params' (longest) len_q / len_k.
-  TFB_PARAMS_HD int q(int b, int len_q) const { return cu_q ? cu_q[b + 1] - cu_q[b] : len_q; }
+  TFB_PARAMS_HD int q(int b, int len_q) const { return cu_q ? int(clamp(q_end(b) - q_begin(b), 0, len_q)) : len_q; }
   TFB_PARAMS_HD int k(int b, int len_k) const {
-    if (used_k) return used_k[b];
-    return cu_k ? cu_k[b + 1] - cu_k[b] : len_k;
+    const int n = cu_k ? int(clamp(k_end(b) - k_begin(b), 0, len_k)) : len_k;
+    return used_k ? int(clamp(used_k[b], 0, n)) : n;
   }
 };
 
@@ -128,13 +142,13 @@ struct AttnFwdParams {
   TFB_PARAMS_HD int seqlen_k(int b) const { return seqlens.k(b, len_k); }
   // Where batch b's first row starts, in elements: at its offset in a packed
   // batch (seqlens.cu_q / cu_k), else b batch strides in.
-  TFB_PARAMS_HD int64_t q_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * q_row_stride : b * q_batch_stride; }
-  TFB_PARAMS_HD int64_t o_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * o_row_stride : b * o_batch_stride; }
-  TFB_PARAMS_HD int64_t k_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * k_row_stride : b * k_batch_stride; }
-  TFB_PARAMS_HD int64_t v_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * v_row_stride : b * v_batch_stride; }
+  TFB_PARAMS_HD int64_t q_offset(int b) const { return seqlens.cu_q ? seqlens.q_begin(b) * q_row_stride : b * q_batch_stride; }
+  TFB_PARAMS_HD int64_t o_offset(int b) const { return seqlens.cu_q ? seqlens.q_begin(b) * o_row_stride : b * o_batch_stride; }
+  TFB_PARAMS_HD int64_t k_offset(int b) const { return seqlens.cu_k ? seqlens.k_begin(b) * k_row_stride : b * k_batch_stride; }
+  TFB_PARAMS_HD int64_t v_offset(int b) const { return seqlens.cu_k ? seqlens.k_begin(b) * v_row_stride : b * v_batch_stride; }
   // lse of batch b, head h, its row 0: (B, Hq, L) contiguous, or (Hq, total_q) for a packed batch.
   TFB_PARAMS_HD int64_t lse_offset(int b, int h) const {
-    return seqlens.cu_q ? h * seqlens.total_q + seqlens.cu_q[b] : (int64_t(b) * heads_q + h) * len_q;
+    return seqlens.cu_q ? h * seqlens.total_q + seqlens.q_begin(b) : (int64_t(b) * heads_q + h) * len_q;
   }
 };
 
@@ -149,10 +163,10 @@ struct AttnBwdParams : AttnFwdParams {
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
 
   // Where batch b's first row starts in dout, dq (rows as q's) and dk, dv (as k's).
-  TFB_PARAMS_HD int64_t do_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * do_row_stride : b * do_batch_stride; }
-  TFB_PARAMS_HD int64_t dq_offset(int b) const { return seqlens.cu_q ? seqlens.cu_q[b] * dq_row_stride : b * dq_batch_stride; }
-  TFB_PARAMS_HD int64_t dk_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * dk_row_stride : b * dk_batch_stride; }
-  TFB_PARAMS_HD int64_t dv_offset(int b) const { return seqlens.cu_k ? seqlens.cu_k[b] * dv_row_stride : b * dv_batch_stride; }
+  TFB_PARAMS_HD int64_t do_offset(int b) const { return seqlens.cu_q ? seqlens.q_begin(b) * do_row_stride : b * do_batch_stride; }
+  TFB_PARAMS_HD int64_t dq_offset(int b) const { return seqlens.cu_q ? seqlens.q_begin(b) * dq_row_stride : b * dq_batch_stride; }
+  TFB_PARAMS_HD int64_t dk_offset(int b) const { return seqlens.cu_k ? seqlens.k_begin(b) * dk_row_stride : b * dk_batch_stride; }
+  TFB_PARAMS_HD int64_t dv_offset(int b) const { return seqlens.cu_k ? seqlens.k_begin(b) * dv_row_stride : b * dv_batch_stride; }
 
   // dQ summed in a fixed order, so that every run gives the same bits
   // (torch.use_deterministic_algorithms); the workspace grows with it.

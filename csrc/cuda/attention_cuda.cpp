@@ -1,8 +1,8 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
 // (fill_params.h), launch the kernel of the op's `family` argument
 // (families.h checks it can) on the current stream.
-#include <algorithm>
 #include <climits>
+#include <initializer_list>
 #include <limits>
 
 #include <ATen/ATen.h>
@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "common/packed_rows.h"
 #include "device.h"
 #include "families.h"
 #include "fill_params.h"
@@ -126,9 +127,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
 
 // A packed batch: the dense path's params over (1, H, total, E) views of the
 // packed tensors, then the per-batch lengths and offsets (params.h SeqLens),
-// which the family reads through the params' accessors. The kernels trust the
-// offsets, so their values are checked first, on the host (a copy and a
-// device sync per call, until the kernels clamp what they read).
+// which the family reads through the params' accessors. The offsets' values
+// stay on the device: the kernels clamp what they read (a wrong offset reads
+// and writes inside the tensors only), and the rows no kernel writes (before
+// the first sequence, after the last, keys past seqused_k) are cleared there
+// too (common/packed_rows.h): no copy to the host, no sync.
 at::Tensor as_rows(const at::Tensor& t) { return t.unsqueeze(0).transpose(1, 2); }  // (1, H, total, E)
 
 bool nothing_to_compute(const VarlenShape& s) {
@@ -155,10 +158,32 @@ void fill_varlen(AttnFwdParams& p, const VarlenShape& s, const at::Tensor& q, co
   const at::Tensor* used_k = present(seqused_k);
   p.seqlens.used_k = used_k ? used_k->data_ptr<int>() : nullptr;
   p.seqlens.total_q = s.total_q;
+  p.seqlens.total_k = s.total_k;
 }
 
-// Rows no sequence covers, and sequences without keys, give 0 (lse -inf):
-// outputs start so unless the sequences cover every row and all have keys.
+// Clears the rows of `rows` (and lse's columns) that no kernel writes.
+void clear_unwritten(const AttnFwdParams& p, bool keys, std::initializer_list<at::Tensor> rows,
+                     const at::Tensor& lse = {}) {
+  PackedRows clear;
+  clear.seqlens = p.seqlens;
+  clear.keys = keys;
+  clear.batch = p.batch;
+  clear.max_len = keys ? p.len_k : p.len_q;
+  int i = 0;
+  for (const at::Tensor& t : rows) {
+    clear.rows[i++] = t.data_ptr();
+    clear.row_bytes = t.stride(0) * t.element_size();
+  }
+  if (lse.defined()) {
+    clear.lse = lse.data_ptr<float>();
+    clear.heads = static_cast<int>(lse.size(0));
+  }
+  const cudaError_t err = clear_unwritten_rows(clear, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend: clearing a packed batch's unwritten rows failed: ",
+              cudaGetErrorString(err));
+}
+
+// Rows no sequence covers, and sequences without keys, give 0 (lse -inf).
 std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                    const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k,
                                                    int64_t max_q, int64_t max_k, std::optional<double> scale,
@@ -169,27 +194,21 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
   const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
-  const std::vector<Sequence> seqs = check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
-  const bool kernel_writes_all =
-      !nothing_to_compute(s) && covers_every_row(seqs, s.total_q, false) &&
-      std::all_of(seqs.begin(), seqs.end(), [](const Sequence& seq) { return seq.len_k > 0 || seq.len_q == 0; });
-  at::Tensor out = kernel_writes_all ? at::empty({s.total_q, s.heads_q, s.head_dim}, q.options())
-                                     : at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
-  at::Tensor lse = kernel_writes_all ? at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat))
-                                     : at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
-                                                q.options().dtype(at::kFloat));
-  if (nothing_to_compute(s)) return {out, lse};
+  at::Tensor out = at::empty({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor lse = at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat));
+  if (nothing_to_compute(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
   const DeviceInfo& info = check_cuda_device(q);
   const DType dtype = to_dtype(q);
   AttnFwdParams p{};
   fill_varlen(p, s, q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k, scale, band, info);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
+  clear_unwritten(p, false, {out}, lse);
   return {out, lse};
 }
 
-// dq rows no sequence covers, and keys no sequence reads (gaps, or past
-// seqused_k), get 0: the gradients start so unless every row is covered.
+// dq rows no sequence covers, and keys no sequence reads (outside the
+// sequences, or past seqused_k), get 0.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k,
@@ -199,13 +218,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   check_varlen_bwd_extra(s, grad_out, out, lse, q);
   const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
-  const std::vector<Sequence> seqs = check_sequences(s, cu_seq_q, cu_seq_k, seqused_k);
-  auto gradient = [&](const at::Tensor& like, bool keys) {
-    const bool all = covers_every_row(seqs, keys ? s.total_k : s.total_q, keys) && !nothing_to_compute(s);
-    return all ? at::empty(like.sizes(), like.options()) : at::zeros(like.sizes(), like.options());
-  };
-  at::Tensor dq = gradient(q, false), dk = gradient(k, true), dv = gradient(v, true);
-  if (nothing_to_compute(s)) return {dq, dk, dv};
+  at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+             dv = at::empty(v.sizes(), v.options());
+  if (nothing_to_compute(s)) return {dq.zero_(), dk.zero_(), dv.zero_()};
   const DeviceInfo& info = check_cuda_device(q);
   const DType dtype = to_dtype(q);
   check_vector_aligned(as_rows(out), "out");
@@ -215,6 +230,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   fill_bwd(p, as_rows(grad_out), as_rows(dq), as_rows(dk), as_rows(dv));
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
+  clear_unwritten(p, false, {dq});
+  clear_unwritten(p, true, {dk, dv});
   return {dq, dk, dv};
 }
 

@@ -34,9 +34,10 @@ inline int dq_splits(const AttnBwdParams& p) {
 // len_q. A packed batch (seqlens.cu_q): (Hq, rows) per head, sequence b from
 // row packed_row0(b), its rows padded as above: a sequence's padded rows
 // never reach the next one's, and the arrays grow with total_q + B * pad, not
-// with B * the longest sequence.
-TFB_PARAMS_HD int64_t packed_row0(const int* cu_q, int b) {
-  return (int64_t(cu_q[b]) + int64_t(b) * kBwdRowPad) / kBwdRowPad * kBwdRowPad;
+// with B * the longest sequence. (With offsets that are wrong, clamped as
+// SeqLens reads them, sequences may overlap but stay inside the arrays.)
+TFB_PARAMS_HD int64_t packed_row0(const SeqLens& s, int b) {
+  return (s.q_begin(b) + int64_t(b) * kBwdRowPad) / kBwdRowPad * kBwdRowPad;
 }
 
 inline int64_t packed_head_rows(const AttnBwdParams& p) {
@@ -51,15 +52,16 @@ struct BwdWorkspace {
   int len_q_pad;    // uniform lengths: rows per (batch, head)
   int splits;
   int64_t split_elems;  // rows * E: from one split to the next
-  const int* cu_q;      // a packed batch's offsets, else null
+  SeqLens seqlens;      // a packed batch's (seqlens.cu_q set), else none
   int64_t head_rows;    // a packed batch: rows per head
 
   // Index of (batch, head)'s first row; its rows follow it. The next head's
   // first row is head_stride() further on.
   TFB_PARAMS_HD int64_t row0(int batch, int head, int heads_q) const {
-    return cu_q ? head * head_rows + packed_row0(cu_q, batch) : (int64_t(batch) * heads_q + head) * len_q_pad;
+    return seqlens.cu_q ? head * head_rows + packed_row0(seqlens, batch)
+                        : (int64_t(batch) * heads_q + head) * len_q_pad;
   }
-  TFB_PARAMS_HD int64_t head_stride() const { return cu_q ? head_rows : len_q_pad; }
+  TFB_PARAMS_HD int64_t head_stride() const { return seqlens.cu_q ? head_rows : len_q_pad; }
 };
 
 inline size_t bwd_rows_total(const AttnBwdParams& p) {
@@ -78,7 +80,7 @@ inline BwdWorkspace carve_bwd_workspace(const AttnBwdParams& p) {
   float* base = static_cast<float*>(p.workspace);
   float* stats = base + rows * p.head_dim * splits;
   return {base,   stats,          stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim,
-          p.seqlens.cu_q, p.seqlens.cu_q ? packed_head_rows(p) : 0};
+          p.seqlens, p.seqlens.cu_q ? packed_head_rows(p) : 0};
 }
 
 }  // namespace tfb
