@@ -227,7 +227,6 @@ def _causal_bias_dispatch(query, key, value, attn_mask, dropout_p=0.0, is_causal
 
 CausalBias._dispatch = staticmethod(_causal_bias_dispatch)
 
-
 # The decision, as route_sdpa's kernel: reached from csrc/routing.cpp in eager
 # code and from compiled graphs (_Routing), on every device and autograd key.
 _library = torch.library.Library("torch_flash_backend", "IMPL")  # noqa: TOR901
@@ -258,7 +257,9 @@ class enable:
     applies) and thread-local. Calls that cannot be served run PyTorch's own SDPA
     (a DEBUG line on the "torch_flash_backend" logger gives the reason), or raise
     UnsupportedError when strict=True. Also inside a function compiled with
-    torch.compile(fullgraph=True), as a with-statement or a decorator.
+    torch.compile(fullgraph=True), as a with-statement or a decorator. Packed
+    variable-length batches (varlen_attn, SDPA on nested jagged tensors) made
+    in eager code inside it are routed too (_provider.py's switch).
 
     A function compiled outside enable() is recompiled when called inside it,
     and vice versa, never per call.
