@@ -169,6 +169,20 @@ def test_router_decides_packed_batches():
         assert not d.served and d.reason == _router.PACKED_GRAD_REASON, d
 
 
+def test_explain_varlen_says_what_enable_would_do():
+    """tfb.explain_varlen: varlen_attn's arguments, enable()'s decision, lenient and strict."""
+    both = testing.registry_kernel_names("sm90", "sm80")
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=both):
+        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        lenient = tfb.explain_varlen(q, q, q, cu, cu, 40, 40, window_size=(-1, 0))
+        assert not lenient.served and "reads none" in str(lenient)
+        strict = tfb.explain_varlen(q, q, q, cu, cu, 40, 40, window_size=(-1, 0), strict=True)
+        assert strict.served and strict.kernel == "sm80_fwd_bf16_hdim64" and "causal" in strict.reason
+        windowed = tfb.explain_varlen(q, q, q, cu, cu, 40, 40, window_size=(16, 0), strict=True)
+        assert "window (16, 0)" in windowed.reason and "causal" not in windowed.reason
+
+
 def test_the_switch_sits_in_front_of_pytorchs_packed_kernels():
     """The package's switch (_provider.py) is the CUDA kernel of the two flash
     ops that packed batches reach, with the provider hook off too."""

@@ -352,3 +352,15 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             and type(attn_mask) is torch.Tensor):
         decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))
     return decision
+
+
+def explain_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                   strict=False):
+    """explain() for torch.nn.attention.varlen.varlen_attn's arguments (a
+    packed batch: q (total_q, Hq, E), k and v (total_k, Hkv, E), int32
+    offsets): whether enable(strict=strict) would serve the call, by which
+    kernels, or why not. Causal when window_size is (-1, 0), as varlen_attn
+    reads it; windows bottom-right per sequence. Metadata only."""
+    window = (int(window_size[0]), int(window_size[1]))
+    return _router.decide_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, 0.0, window == (-1, 0), scale, window,
+                                 pinned=bool(strict))
