@@ -23,6 +23,7 @@ the (B, L, H, E) memory layout our kernels write.
 """
 import dataclasses
 import logging
+import threading
 import warnings
 
 import torch
@@ -111,6 +112,7 @@ def _unsupported(backward: bool, return_debug_mask=False, seqused_k=None, alibi_
 # runs it later, on its own threads) still runs ours when its forward did.
 _served_lse: dict[int, StorageWeakRef] = {}
 _served_lse_limit = 128
+_served_lse_lock = threading.Lock()  # forwards add from any thread while others prune
 
 
 def _remember_served(lse: torch.Tensor) -> None:
@@ -118,11 +120,12 @@ def _remember_served(lse: torch.Tensor) -> None:
     if type(lse) is not torch.Tensor:  # FakeTensors and traced tensors have no storage to remember
         return
     storage = lse.untyped_storage()
-    _served_lse[storage._cdata] = StorageWeakRef(storage)
-    if len(_served_lse) > _served_lse_limit:
-        for key in [key for key, ref in _served_lse.items() if ref.expired()]:
-            del _served_lse[key]
-        _served_lse_limit = max(128, 2 * len(_served_lse))
+    with _served_lse_lock:
+        _served_lse[storage._cdata] = StorageWeakRef(storage)
+        if len(_served_lse) > _served_lse_limit:
+            for key in [key for key, ref in _served_lse.items() if ref.expired()]:
+                del _served_lse[key]
+            _served_lse_limit = max(128, 2 * len(_served_lse))
 
 
 def served_forward_of(lse: torch.Tensor) -> bool:
