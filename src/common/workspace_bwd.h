@@ -79,8 +79,8 @@ inline BwdWorkspace carve_bwd_workspace(const AttnBwdParams& p) {
   const int splits = dq_splits(p);
   float* base = static_cast<float*>(p.workspace);
   float* stats = base + rows * p.head_dim * splits;
-  return {base,   stats,          stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim,
-          p.seqlens, p.seqlens.cu_q ? packed_head_rows(p) : 0};
+  const int64_t head_rows = p.seqlens.cu_q ? packed_head_rows(p) : 0;
+  return {base, stats, stats + rows, padded_len_q(p.len_q), splits, int64_t(rows) * p.head_dim, p.seqlens, head_rows};
 }
 
 }  // namespace tfb
