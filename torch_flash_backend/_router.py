@@ -47,7 +47,7 @@ MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more to
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
 # Measured on an H100 (benchmarks/RESULTS.md, "Variable lengths"): the sm80 kernels
-# on packed batches run at 0.87-1.07x PyTorch's flash kernel, so where the chip's
+# on packed batches run at 0.85-1.06x PyTorch's flash kernel, so where the chip's
 # preferred family reads no packed batch, enable() leaves them to PyTorch
 # (strict mode and flash_attn-style pinned calls still take ours).
 PACKED_SLOWER_REASON = ("a packed variable-length batch: the {preferred} family, this chip's first, reads none, "
