@@ -42,12 +42,12 @@ bool has_fwd(DType dtype, int head_dim);
 bool has_bwd(DType dtype, int head_dim);
 
 // Whether these sizes and strides fit the TMA descriptors (16-byte aligned
-// pointers and strides, none 0) and the lengths are the same for every batch;
-// when false, sm80 serves the call.
+// pointers and strides, none 0) and the lengths are the same for every batch
+// (the forward: or a packed batch's offsets); when false, sm80 serves the call.
 bool can_run_fwd(const AttnFwdParams& params);
 bool can_run_bwd(const AttnBwdParams& params);  // the same for q, k, v and dout
 
-size_t fwd_workspace_bytes(const AttnFwdParams& params);  // attn_mask's summary and the scheduler's counter (0 without a mask)
+size_t fwd_workspace_bytes(const AttnFwdParams& params);  // attn_mask's summary and the scheduler's counter, or a packed batch's tile list
 size_t bwd_workspace_bytes(const AttnBwdParams& params);  // sm80's layout (dQ accumulator, row statistics), attn_mask's summary
 
 cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t stream);

@@ -147,9 +147,9 @@ def test_unserved_calls_go_to_the_original(kernels):
     # A window is a band the kernels read (test_windows.py).
     assert fwd(KEYSET, blhe, blhe, blhe, None, None, 64, 64, 0.0, False, False, window_size_left=16) != "original"
     offsets = torch.zeros(2, dtype=torch.int32, device="cuda")
-    # A packed batch goes to the families that read per-sequence lengths (sm80), not to sm90's.
+    # A packed batch goes to the families that read per-sequence lengths (sm80, sm90's forward), not to decode's.
     assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets, offsets, 64, 64, 0.0, False, False) != "original"
-    with testing.pretend_cuda(capability=(9, 0), kernels=["sm90_fwd_bf16_hdim64"]):
+    with testing.pretend_cuda(capability=(9, 0), kernels=["decode_fwd_bf16_hdim64"]):
         assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets, offsets, 64, 64, 0.0, False, False) == "original"
     assert fwd(KEYSET, blhe[0], blhe[0], blhe[0], offsets.long(), offsets, 64, 64, 0.0, False, False) == "original"
     with testing.pretend_cuda(capability=(7, 5)):

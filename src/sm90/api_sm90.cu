@@ -1,12 +1,14 @@
 // Runtime (dtype, head dim) -> compiled sm90 instantiation. Compiled like the
 // rest of the library (no sm_90a code here), so it only names the launchers.
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 
 #include "api.h"
 #include "dispatch.h"
 #include "kernel_info.h"
 #include "common/mask_summary.h"
+#include "common/tile_list.h"
 #include "common/workspace_bwd.h"
 #include "sm90/launch.h"
 
@@ -68,19 +70,52 @@ TileShape tile_bwd(DType dtype, int head_dim) {
   return tile;
 }
 
-bool can_run_fwd(const AttnFwdParams& p) {
-  // Uniform lengths only (kernel_fwd.h's FwdKernelParams).
-  const bool per_batch_lengths = p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k;
-  return !per_batch_lengths && aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.o) &&
+namespace {
+
+// The layouts both passes read; per-batch lengths aside.
+bool layout_ok(const AttnFwdParams& p) {
+  return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.o) &&
          strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q) &&
          strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k) &&
          strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k) &&
          strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
 }
 
+bool per_batch_lengths(const AttnFwdParams& p) { return p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k; }
+
+// The smallest query tile of the forward's instantiations for this head dim,
+// whose tile list is the longest (0: none built).
+int smallest_fwd_rows(int head_dim) {
+  int rows = 0;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const TileShape tile = tile_fwd(dtype, head_dim);
+    if (tile.rows > 0 && (rows == 0 || tile.rows < rows)) rows = tile.rows;
+  }
+  return rows;
+}
+
+}  // namespace
+
+// The forward reads a packed batch (cu_q and cu_k; seqused_k too) from a tile
+// list (common/tile_list.h) whose positions must fit an int; not lengths per
+// batch without offsets (seqused_k alone).
+bool can_run_fwd(const AttnFwdParams& p) {
+  if (per_batch_lengths(p)) {
+    const int rows = smallest_fwd_rows(p.head_dim);
+    if (!p.seqlens.cu_q || !p.seqlens.cu_k || rows == 0 || tile_list_capacity(p, rows) > INT_MAX / 2 - 4096) {
+      return false;
+    }
+  }
+  return layout_ok(p);
+}
+
 // attn_mask's tile summary (common/mask_summary.h) for the forward's tiles,
-// then the dynamic scheduler's counter (launch.h).
+// then the dynamic scheduler's counter (launch.h); a packed batch's tile list.
 size_t fwd_workspace_bytes(const AttnFwdParams& params) {
+  if (params.seqlens.cu_q) {
+    const int rows = smallest_fwd_rows(params.head_dim);
+    return rows == 0 ? 0 : tile_list_bytes(params, rows);
+  }
   size_t bytes = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     const TileShape tile = tile_fwd(dtype, params.head_dim);
@@ -108,7 +143,7 @@ namespace sm90 {
 // host's checks already allow. It reads a boolean attn_mask, not an additive
 // one (the registry's additive_masks; sm80's backward serves those).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return can_run_fwd(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
+  return !per_batch_lengths(p) && layout_ok(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 

@@ -3,6 +3,9 @@
 // when only that fits) -> global memory with one TMA store, which also drops
 // the rows past the sequence end; the warpgroups never wait for each other. The
 // logsumexp goes straight from registers to global memory.
+//
+// In a packed batch the rows past a sequence's end are the next sequence's:
+// a slab that holds them is stored by the warpgroup's threads, row by row.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,16 +24,18 @@ struct FwdEpilogue {
 
   struct Params {
     typename Traits::TmaO tma_o;
-    typename Traits::GmemShape shape_o;  // (L, E, Hq, B)
-    float* lse;                          // (B, Hq, L), contiguous
-    int len_q;                           // L, lse's row count
+    typename Traits::GmemShape shape_o;  // (L, E, Hq, B); packed: (total_q, E, Hq, 1)
+    float* lse;                          // (B, Hq, L), contiguous; packed: (Hq, total_q)
+    int64_t lse_head_stride;             // L; packed: total_q
     int heads_q;
+    Element* o;                          // a packed batch's partial slabs: O's rows, row and head strides
+    int64_t o_row_stride, o_head_stride;
   };
 
   // rows: the batch's query length; lse is written for those rows alone.
-  template <class AccO, class Lse>
+  template <class AccO, class Lse, class Tile>
   CUTE_DEVICE static void store(Params const& p, typename Traits::SharedStorage& shared, AccO const& acc_o,
-                                Lse const& lse, WorkTile const& tile, int rows, int thread_idx) {
+                                Lse const& lse, Tile const& tile, int rows, int thread_idx) {
     typename Traits::MmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
     const int warpgroup = thread_idx / 128;
@@ -52,17 +57,32 @@ struct FwdEpilogue {
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(barrier, 128);
 
-    if (warpgroup_thread == 0) {
-      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-      Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<_64, Int<kHeadDim>>{},
-                             make_coord(tile.m_block * Traits::kConsumerWarpgroups + warpgroup, 0));
-      auto thr_tma = p.tma_o.get_slice(0);
-      copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
-      tma_store_arrive();
+    const int slab = tile.m_block * Traits::kConsumerWarpgroups + warpgroup;
+    const int slab_rows = rows - slab * 64;
+    if (!kPackedTile<Tile> || slab_rows >= 64) {
+      if (warpgroup_thread == 0) {
+        Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
+        Tensor gO = local_tile(tile.q_rows(mO, tile.head), Shape<_64, Int<kHeadDim>>{}, make_coord(slab, 0));
+        auto thr_tma = p.tma_o.get_slice(0);
+        copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
+        tma_store_arrive();
+        if constexpr (!Traits::kSeparateO) {
+          // The next tile's Q may land in these rows once the store has read them.
+          tma_store_wait<0>();
+          shared.q_free.arrive();
+        }
+      }
+    } else if constexpr (kPackedTile<Tile>) {
+      // 16-byte pieces, as the swizzled slab keeps them.
+      constexpr int kPieces = kHeadDim / 8;
+      Element* o_rows = p.o + (int64_t(tile.q_row0) + slab * 64) * p.o_row_stride + tile.head * p.o_head_stride;
+      for (int i = warpgroup_thread; i < slab_rows * kPieces; i += 128) {
+        const int r = i / kPieces, c = (i % kPieces) * 8;
+        *reinterpret_cast<uint4*>(o_rows + r * p.o_row_stride + c) = *reinterpret_cast<const uint4*>(&sO(r, c));
+      }
       if constexpr (!Traits::kSeparateO) {
-        // The next tile's Q may land in these rows once the store has read them.
-        tma_store_wait<0>();
-        shared.q_free.arrive();
+        named_barrier_sync(barrier, 128);
+        if (warpgroup_thread == 0) shared.q_free.arrive();
       }
     }
 
@@ -72,12 +92,22 @@ struct FwdEpilogue {
     static_assert(decltype(size<0>(coord))::value == decltype(size(lse))::value);
     if (get<1>(coord(0, 0)) == 0) {
       const int m0 = tile.m_block * kBlockM;
-      float* lse_rows = p.lse + (int64_t(tile.batch) * p.heads_q + tile.head) * p.len_q;
+      float* lse_rows = kPackedTile<Tile> ? p.lse + tile.head * p.lse_head_stride + row0_of(tile)
+                                          : p.lse + (int64_t(tile.batch) * p.heads_q + tile.head) * p.lse_head_stride;
 #pragma unroll
       for (int r = 0; r < size<0>(coord); ++r) {
         const int row = m0 + get<0>(coord(r, 0));
         if (row < rows) lse_rows[row] = lse(r);
       }
+    }
+  }
+
+  template <class Tile>
+  CUTE_DEVICE static int64_t row0_of(Tile const& tile) {
+    if constexpr (kPackedTile<Tile>) {
+      return tile.q_row0;
+    } else {
+      return 0;
     }
   }
 };

@@ -19,28 +19,46 @@
 namespace tfb {
 namespace sm90 {
 
-template <class Traits, class Policy>
+// kPacked: a packed batch (params.h SeqLens), its tiles from a list
+// (PackedTileScheduler) and each sequence's band built from its lengths.
+template <class Traits, class Policy, bool kPacked>
 struct FwdKernelParams {
   using Mask = typename FwdMainloop<Traits, Policy>::Mask;
+  // Dynamic under a mask in memory or a packed batch.
+  using Scheduler = std::conditional_t<kPacked, PackedTileScheduler, TileScheduler<mask::kReadsMemory<Policy>>>;
+  using Tile = typename Scheduler::Tile;
+  static_assert(!kPacked || !mask::kReadsMemory<Policy>, "a packed batch has no mask in memory");
   typename FwdMainloop<Traits, Policy>::Params mainloop;
   typename FwdEpilogue<Traits>::Params epilogue;
-  TileScheduler<mask::kReadsMemory<Policy>> scheduler;  // dynamic under a mask in memory
+  Scheduler scheduler;
   // Every batch's lengths and mask, read through the accessors below
-  // (mask_walk.h; can_run_fwd refuses params.h's SeqLens, per-batch lengths
-  // would change these accessors).
+  // (mask_walk.h); a packed tile carries its sequence's lengths.
   int len_q;
   Mask uniform_mask;   // uniform_walk
-  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h)
+  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h); a packed batch's band
   float scale;
 
-  CUTE_DEVICE int seqlen_q(int /*batch*/) const { return len_q; }
-  CUTE_DEVICE decltype(auto) mask(int batch, int head) const { return walk_of(uniform_mask, mask_args, batch, head); }
+  CUTE_DEVICE int seqlen_q(Tile const& tile) const {
+    if constexpr (kPacked) {
+      return tile.len_q;
+    } else {
+      return len_q;
+    }
+  }
+  CUTE_DEVICE decltype(auto) mask(Tile const& tile) const {
+    if constexpr (kPacked) {
+      return Mask{mask::band_of(mask_args, tile.len_q, tile.len_k)};
+    } else {
+      return walk_of(uniform_mask, mask_args, tile.batch, tile.head);
+    }
+  }
 };
 
-// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
-template <class Traits, class Policy>
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy);
+// a packed batch: Band.
+template <class Traits, class Policy, bool kPacked>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy> const p) {
+    fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy, kPacked> const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = FwdMainloop<Traits, Policy>;
   using Epilogue = FwdEpilogue<Traits>;
@@ -91,19 +109,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     typename Traits::MmaPV mma_pv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int local_tile_count = 0;
+    using Tile = typename decltype(p.scheduler)::Tile;
     constexpr bool kDynamic = decltype(p.scheduler)::kDynamic;
     for (int pos = p.scheduler.first();; ++local_tile_count) {
-      if constexpr (kDynamic) pos = shared.handoff.take(local_tile_count);
+      Tile tile;
+      if constexpr (kDynamic) {
+        const Unit<Tile> unit = shared.handoff.template take<Tile>(local_tile_count);
+        pos = unit.pos;
+        tile = unit.tile;
+      }
       if (!p.scheduler.valid(pos)) break;
-      const auto tile = p.scheduler.tile(pos);
+      if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       OnlineSoftmax<2> softmax;
-      Mainloop::compute(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile.batch, tile.head), tile.m_block,
-                        local_tile_count, thread_idx, acc_o, softmax);
+      Mainloop::template compute<kPacked>(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile),
+                                          tile.m_block, local_tile_count, thread_idx, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);
       // The softmax ran on negated scores when the scale is negative.
       auto lse = softmax.finalize_rows(o, fabsf(p.scale));
-      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile.batch), thread_idx);
+      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile), thread_idx);
       if constexpr (!kDynamic) pos = p.scheduler.next(pos);
     }
     // The last O store reads shared memory until it completes.

@@ -13,6 +13,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/mask_summary.h"
+#include "common/tile_list.h"
 #include "sm90/kernel_fwd.h"
 #include "sm90/kernel_traits_fwd.h"
 #include "api.h"
@@ -42,8 +43,10 @@ auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride
 // Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h
 // with_policy: for a mask in memory `a` points at its summary, and next_unit
 // at the dynamic scheduler's counter, which the pre-pass zeroes).
-template <class Traits, class Policy>
-cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr) {
+// kPacked: a packed batch, its tiles listed in `list` (launch_fwd_packed).
+template <class Traits, class Policy, bool kPacked = false>
+cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr,
+                            const TileList& list = {}) {
   using Element = typename Traits::Element;
   if (a.head_dim != Traits::kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 ||
       a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
@@ -51,7 +54,12 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
   }
   const int64_t m_blocks = (a.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
   // The scheduler's positions count two per unit, plus a grid stride.
-  if (m_blocks * a.heads_q * a.batch > INT_MAX / 2 - 4096) return cudaErrorInvalidValue;
+  const int64_t units = kPacked ? list.capacity : m_blocks * a.heads_q * a.batch;
+  if (units > INT_MAX / 2 - 4096) return cudaErrorInvalidValue;
+  // A packed batch's tensors: every sequence's rows, one batch.
+  const int rows_q = kPacked ? int(a.seqlens.total_q) : a.len_q;
+  const int rows_k = kPacked ? int(a.seqlens.total_k) : a.len_k;
+  const int batch = kPacked ? 1 : a.batch;
 
   // TMA descriptors are encoded through the driver API, which needs a context
   // current in this thread. The runtime binds the device's primary context
@@ -59,37 +67,47 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
   // (an op's first CUDA work in a new thread), the encoder fails with
   // CUDA_ERROR_INVALID_CONTEXT, CuTe leaves the descriptor zero, and the kernel
   // dies on an illegal instruction. A runtime call first binds the context.
-  auto kernel = &fwd_kernel<Traits, Policy>;
+  auto kernel = &fwd_kernel<Traits, Policy, kPacked>;
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
 
-  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.heads_q, batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
-  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), a.len_k, a.heads_kv, a.batch,
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.heads_kv, batch,
                                         a.k_row_stride, a.k_head_stride, a.k_batch_stride);
-  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), a.len_k, a.heads_kv, a.batch,
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.heads_kv, batch,
                                         a.v_row_stride, a.v_head_stride, a.v_batch_stride);
-  auto mO = detail::gmem_tensor<Traits>(static_cast<Element*>(a.o), a.len_q, a.heads_q, a.batch, a.o_row_stride,
+  auto mO = detail::gmem_tensor<Traits>(static_cast<Element*>(a.o), rows_q, a.heads_q, batch, a.o_row_stride,
                                         a.o_head_stride, a.o_batch_stride);
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
 
-  FwdKernelParams<Traits, Policy> p{
+  using KernelParams = FwdKernelParams<Traits, Policy, kPacked>;
+  typename KernelParams::Scheduler scheduler;
+  if constexpr (kPacked) {
+    scheduler = {list.entries, list.count, list.next_unit, a.seqlens, a.len_q, a.len_k};
+  } else {
+    scheduler = {int(m_blocks), a.heads_q, a.batch, a.mask.right_bounded(), next_unit};
+  }
+  KernelParams p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
-       mO.shape(), a.lse, a.len_q, a.heads_q},
-      {int(m_blocks), a.heads_q, a.batch, a.mask.right_bounded(), next_unit},
+       mO.shape(), a.lse, kPacked ? a.seqlens.total_q : a.len_q, a.heads_q, static_cast<Element*>(a.o),
+       a.o_row_stride, a.o_head_stride},
+      scheduler,
       a.len_q,
-      uniform_walk<typename FwdKernelParams<Traits, Policy>::Mask>(a),
+      uniform_walk<typename KernelParams::Mask>(a),
       a.mask,
       a.scale};
 
-  const int grid = std::min(p.scheduler.num_units(), std::max(a.num_sms, 1));
+  int64_t work = units;  // at most: a packed batch's entries are counted on the device
+  if constexpr (!kPacked) work = p.scheduler.num_units();
+  const int grid = int(std::min<int64_t>(work, std::max(a.num_sms, 1)));
   kernel<<<grid, Traits::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
@@ -101,12 +119,25 @@ TileShape fwd_tile() {
   return {Traits::kBlockM, Traits::kBlockN};
 }
 
+// A packed batch (params.h SeqLens): the tile list's pre-pass into the
+// workspace (fwd_workspace_bytes), then the kernel over the list, its band
+// built per sequence. Traits's tiles alone (one instantiation more).
+template <class Traits>
+cudaError_t launch_fwd_packed(const AttnFwdParams& params, cudaStream_t stream) {
+  if (params.mask.in_memory()) return cudaErrorInvalidValue;
+  const TileList list = tile_list_at(params.workspace, params, Traits::kBlockM);
+  const cudaError_t err = build_tile_list(params, Traits::kBlockM, list, stream);
+  if (err != cudaSuccess) return err;
+  return launch_fwd_with<Traits, mask::Band, true>(params, stream, nullptr, list);
+}
+
 // The kernel for the params' mask mode (mask_summary.h with_policy; a mask
 // in memory is summarised for Traits's tiles into the workspace, fwd_workspace_bytes).
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   using Config = FwdConfig<Element, kHeadDim>;
   using Traits = typename Config::Traits;
+  if (params.seqlens.cu_q) return launch_fwd_packed<Traits>(params, stream);
   int* next_unit = params.mask.in_memory()
                        ? reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
                                                 mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN))

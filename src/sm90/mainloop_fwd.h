@@ -30,8 +30,9 @@ namespace sm90 {
 
 // Named barrier ids (0 is __syncthreads).
 enum class Barrier : int {
-  kEpilogue = 1,      // + consumer warpgroup index: its warps, around its O rows in shared memory
-  kWarpgroupTurn = 4  // + consumer warpgroup index: whose turn it is to issue Q K^T
+  kEpilogue = 1,       // + consumer warpgroup index: its warps, around its O rows in shared memory
+  kWarpgroupTurn = 4,  // + consumer warpgroup index: whose turn it is to issue Q K^T
+  kForeignV = 7        // every consumer: a packed tile's V rows of another sequence are cleared
 };
 
 // Policy: a band (mask.h Band) or a mask in memory
@@ -135,15 +136,15 @@ struct FwdMainloop {
       const int next_pos = scheduler.next(pos);
       const auto tile = scheduler.tile(pos);
       const int kv_head = tile.head / p.group;
-      Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+      Tensor gQ = local_tile(tile.q_rows(mQ, tile.head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(tile.m_block, 0));
-      Tensor gK = local_tile(mK(_, _, kv_head, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
-      Tensor gV = local_tile(mV(_, _, kv_head, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      Tensor gK = local_tile(tile.k_rows(mK, kv_head), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
+      Tensor gV = local_tile(tile.k_rows(mV, kv_head), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, 0));
       auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-      const Mask& mask = masks.mask(tile.batch, tile.head);
+      const Mask& mask = masks.mask(tile);
       KeyWalk<false> walk(mask, tile.m_block);
       bool predicate;  // the consumers' concern: every visited tile loads alike
       const int n_first = walk.first(predicate);
@@ -152,7 +153,7 @@ struct FwdMainloop {
       pipeline_k.producer_acquire(write);
       copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      if constexpr (Scheduler::kDynamic) shared.handoff.publish(pos, local_tile_count);
+      if constexpr (Scheduler::kDynamic) shared.handoff.publish(Unit<decltype(tile)>{pos, tile}, local_tile_count);
       shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
       copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
       pipeline_v.producer_acquire(write);
@@ -169,13 +170,15 @@ struct FwdMainloop {
     }
     if constexpr (Scheduler::kDynamic) {  // the end, once the consumers have taken the last unit
       if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      shared.handoff.publish(pos, local_tile_count);
+      shared.handoff.publish(Unit<typename Scheduler::Tile>{pos, {}}, local_tile_count);
     }
   }
 
   // Consumer: one warpgroup's share (64 rows) of one query tile. Leaves the
   // row statistics in `softmax` and the unnormalised output in acc_o.
-  template <class AccO, class Softmax>
+  // kPacked: the tile's sequence ends where the next one's rows begin, in the
+  // same tensors; see clear_foreign_v.
+  template <bool kPacked, class AccO, class Softmax>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
                                   Pipeline& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
                                   int local_tile_count, int thread_idx, AccO& acc_o, Softmax& softmax) {
@@ -245,6 +248,7 @@ struct FwdMainloop {
     turn_begin();
     wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
     turn_end();
+    if constexpr (kPacked) clear_foreign_v(shared, pipeline_v, read, mask.policy.len_k - n_first * kBlockN, thread_idx);
     // The walk moves on while the tensor cores work (walked before the
     // GEMMs' issue, it cost a mask that keeps everything ~1%).
     int n_next = walk.below(n_first, predicate_next);
@@ -304,6 +308,29 @@ struct FwdMainloop {
     pipeline_v.consumer_wait(read_v);
     wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
     pipeline_v.consumer_release(read_v);
+  }
+
+  // A packed tile's first key tile (the top: the only one that reaches past
+  // the sequence's keys) holds the next sequence's rows past `keys` (or keys
+  // past seqused_k). Their scores are masked, but P's zeros times a V of inf
+  // or NaN there would still reach O, so every consumer clears those V rows
+  // once they land, before any P V reads them (the whole tile when the
+  // sequence has no keys). Called after the first Q K^T's turn, which every
+  // warpgroup has passed on before it waits here.
+  CUTE_DEVICE static void clear_foreign_v(SharedStorage& shared, Pipeline& pipeline_v, PipelineState const& stage,
+                                          int keys, int thread_idx) {
+    if (keys >= kBlockN) return;
+    keys = keys < 0 ? 0 : keys;
+    Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+    pipeline_v.consumer_wait(stage);
+    // 16-byte pieces: 8 elements of a row stay together in every swizzled layout.
+    constexpr int kPieces = kHeadDim / 8;
+    for (int i = thread_idx; i < (kBlockN - keys) * kPieces; i += Traits::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(&sV(keys + i / kPieces, (i % kPieces) * 8, stage.index())) = make_uint4(0, 0, 0, 0);
+    }
+    // Generic-proxy stores, read next by wgmma through the async proxy.
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(Barrier::kForeignV), Traits::kConsumerThreads);
   }
 };
 

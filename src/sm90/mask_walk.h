@@ -1,10 +1,11 @@
-// The mask walk (common/mask.h TileWalk) an sm90 kernel reads: the family
-// serves uniform lengths alone, so the band is built once on the
-// host and read from the constant bank (built per tile from the lengths, it
-// kept more registers live through the forward's mainloop: 2-3.5% at head dim
-// 128); a mask in memory differs per (batch, query head), so its walk is
-// built per tile (forward) or step (backward) from MaskArgs, and both roles
-// read its tile kinds through a KindCursor.
+// The mask walk (common/mask.h TileWalk) an sm90 kernel reads: for uniform
+// lengths the band is built once on the host and read from the constant bank
+// (built per tile from the lengths, it kept more registers live through the
+// forward's mainloop: 2-3.5% at head dim 128), while a packed batch's forward
+// builds each sequence's band per tile (kernel_fwd.h); a mask in memory
+// differs per (batch, query head), so its walk is built per tile (forward) or
+// step (backward) from MaskArgs, and both roles read its tile kinds through a
+// KindCursor.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -19,18 +19,49 @@
 //
 // A position encodes (unit, half): half 0 is the unit's first (heavier) tile,
 // half 1 its folded partner.
+//
+// A packed batch's tiles come from a list (common/tile_list.h) that a pre-pass
+// writes; PackedTileScheduler takes them dynamically, one tile per unit.
 #pragma once
 
-#include <cute/config.hpp>
+#include <type_traits>
+
+#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+
+#include "common/tile_list.h"
+#include "params.h"
 
 namespace tfb {
 namespace sm90 {
 
-// One query tile of one (batch, head).
+// One query tile of one (batch, head), in tensors of (row, dim, head, batch).
 struct WorkTile {
   int m_block, head, batch;
+  // The (row, dim) plane of head h of this tile's batch, in q's rows or k's.
+  template <class Tensor>
+  CUTE_DEVICE auto q_rows(Tensor const& t, int h) const { return t(cute::_, cute::_, h, batch); }
+  template <class Tensor>
+  CUTE_DEVICE auto k_rows(Tensor const& t, int h) const { return t(cute::_, cute::_, h, batch); }
 };
+
+// One query tile of one sequence of a packed batch, whose tensors are
+// (total rows, dim, head, 1): the sequence starts q_row0 (k_row0) rows in.
+struct PackedTile {
+  int m_block, head, batch;
+  int q_row0, len_q, k_row0, len_k;
+  template <class Tensor>
+  CUTE_DEVICE auto q_rows(Tensor const& t, int h) const {
+    return cute::domain_offset(cute::make_coord(q_row0, cute::_0{}), t(cute::_, cute::_, h, cute::_0{}));
+  }
+  template <class Tensor>
+  CUTE_DEVICE auto k_rows(Tensor const& t, int h) const {
+    return cute::domain_offset(cute::make_coord(k_row0, cute::_0{}), t(cute::_, cute::_, h, cute::_0{}));
+  }
+};
+
+template <class Tile>
+constexpr bool kPackedTile = std::is_same_v<Tile, PackedTile>;
 
 template <bool kDynamic_>
 struct TileScheduler {
@@ -68,28 +99,69 @@ struct TileScheduler {
   }
 };
 
-// A dynamic scheduler's positions, from the producer to the consumers: one
+// A packed batch's tiles, one per unit, taken dynamically from the list
+// (whose count and counter the pre-pass wrote), with the sequence's offsets
+// and lengths read once here, by the producer, for every role.
+struct PackedTileScheduler {
+  static constexpr bool kDynamic = true;
+  using Tile = PackedTile;
+
+  const TileEntry* entries;
+  const int* count;
+  int* next_unit;
+  SeqLens seqlens;
+  int len_q, len_k;  // the longest the caller named
+
+  CUTE_DEVICE int first() const { return 2 * int(blockIdx.x); }
+  CUTE_DEVICE bool valid(int pos) const { return pos / 2 < *count; }
+  CUTE_DEVICE int next(int) const { return 2 * (int(gridDim.x) + atomicAdd(next_unit, 1)); }
+  CUTE_DEVICE Tile tile(int pos) const {
+    const TileEntry e = entries[pos / 2];
+    return {e.m_block, e.head, e.batch, int(seqlens.q_begin(e.batch)), seqlens.q(e.batch, len_q),
+            int(seqlens.k_begin(e.batch)), seqlens.k(e.batch, len_k)};
+  }
+};
+
+// A dynamic scheduler's units, from the producer to the consumers: one
 // phase of `ready` per unit, then one for the end (an invalid position). Unit
 // i's position goes into slot i mod 2, published once the consumers have
 // freed unit i - 1's Q, which they do after reading its position; the slot's
 // previous readers (unit i - 2) have by then released K stages the producer
 // waited for. With one slot, compute-sanitizer's racecheck reported the end's
 // write against the last unit's reads (benchmarks/history/2026-11-v9-v27.md, v25).
+// The unit goes with its tile, which the consumers would otherwise decode
+// again (a packed tile costs global loads).
+template <class Tile>
+struct Unit {
+  int pos;
+  Tile tile;
+};
+
 struct UnitHandoff {
+  static constexpr int kWords = 8;
   cutlass::arch::ClusterBarrier ready;
-  int pos[2];
+  int words[2][kWords];
 
   CUTE_DEVICE void init() { ready.init(1); }
   // count: how many units this CTA has run before.
-  CUTE_DEVICE void publish(int p, int count) {
-    pos[count & 1] = p;
-    asm volatile("" ::: "memory");  // the store before the arrive (which releases it)
+  template <class Tile>
+  CUTE_DEVICE void publish(Unit<Tile> const& unit, int count) {
+    static_assert(sizeof(unit) <= sizeof(words[0]) && std::is_trivially_copyable_v<Unit<Tile>>);
+    const int* from = reinterpret_cast<const int*>(&unit);
+    CUTE_UNROLL
+    for (int i = 0; i < int(sizeof(unit) / 4); ++i) words[count & 1][i] = from[i];
+    asm volatile("" ::: "memory");  // the stores before the arrive (which releases them)
     ready.arrive();
   }
-  CUTE_DEVICE int take(int count) {
+  template <class Tile>
+  CUTE_DEVICE Unit<Tile> take(int count) {
     ready.wait(count & 1);
-    asm volatile("" ::: "memory");  // the load after the wait (which acquires it)
-    return *static_cast<volatile int*>(&pos[count & 1]);
+    asm volatile("" ::: "memory");  // the loads after the wait (which acquires them)
+    Unit<Tile> unit;
+    int* to = reinterpret_cast<int*>(&unit);
+    CUTE_UNROLL
+    for (int i = 0; i < int(sizeof(unit) / 4); ++i) to[i] = static_cast<volatile int*>(words[count & 1])[i];
+    return unit;
   }
 };
 
