@@ -16,8 +16,10 @@ bands with a left edge (sliding windows), forward and backward; "varlen"
 packed variable-length batches, forward and backward, wrong offsets among them.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen]
+    compute-sanitizer --tool racecheck python scripts/sanitize_small.py varlen 64
 
-An argument runs that pass alone (racecheck takes minutes per pass).
+An argument runs that pass alone (racecheck takes minutes per pass); a second,
+for varlen, names its head dims (else the built ones, 32 and 256).
 """
 import sys
 
@@ -187,16 +189,17 @@ def varlen(head_dims):
     whose values are wrong (past the tokens, falling, negative, a sequence
     longer than max_q), which the kernels clamp: no access outside the tensors."""
     torch.manual_seed(0)
-    families = sorted({k.split("_")[0] for k in _router.probe.kernels() if k.seqlens and k.pass_ == "bwd"})
+    readers = {str(k) for k in _router.probe.kernels() if k.seqlens and k.pass_ == "bwd"}
+    families = sorted({k.split("_")[0] for k in readers})
     lens_q = [0, 130, 1, 77, 0, 700, 5, 0]
     lens_k = [9, 200, 0, 77, 3, 650, 64, 0]
     cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
           for lens in (lens_q, lens_k)]
-    for e in head_dims + [32, 256]:
+    for e in head_dims:
         q = torch.randn(sum(lens_q) + 3, 8, e, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(sum(lens_k), 2, e, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        for family in families:
+        for family in (f for f in families if f"{f}_bwd_bf16_hdim{e}" in readers):
             for i, (causal, left, right) in enumerate(((False, -1, -1), (True, -1, -1), (True, 50, -1), (False, 3, 9))):
                 out, lse = ops.varlen_fwd(q, k, v, *cu, max(lens_q), max(lens_k), None, causal, family, None, left,
                                           right)
@@ -207,8 +210,11 @@ def varlen(head_dims):
                 finally:
                     torch.use_deterministic_algorithms(False)
             # Wrong offsets: garbage out, every access inside the tensors (params.h SeqLens clamps them).
+            total = sum(lens_q)
+            overlapping = torch.tensor([0, total] * 4 + [total], dtype=torch.int32, device="cuda")  # tiles > tokens
             for bad_q, bad_k, max_q in ((cu[0], cu[1] + 5000, max(lens_q)), (cu[0].flip(0), cu[1], max(lens_q)),
-                                        (cu[0] - 100, cu[1] * 3, max(lens_q)), (cu[0], cu[1], 8)):
+                                        (cu[0] - 100, cu[1] * 3, max(lens_q)), (cu[0], cu[1], 8),
+                                        (overlapping, cu[1], total)):
                 out, lse = ops.varlen_fwd(q, k, v, bad_q, bad_k, max_q, max(lens_k), None, True, family)
                 ops.varlen_bwd(torch.ones_like(out), q, k, v, out, lse, bad_q, bad_k, max_q, max(lens_k), None,
                                True, family)
@@ -232,8 +238,9 @@ def main():
         print(f"sanitize grid ran: windows, head dims {head_dims + [32, 256]}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "varlen":  # the packed grid alone
-        varlen(head_dims)
-        print(f"sanitize grid ran: varlen, head dims {head_dims + [32, 256]}")
+        dims = [int(e) for e in sys.argv[2].split(",")] if len(sys.argv) > 2 else head_dims + [32, 256]
+        varlen(dims)
+        print(f"sanitize grid ran: varlen, head dims {dims}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "masks":  # the masked grid alone
         masks(head_dims)

@@ -24,15 +24,15 @@ def _cuda(family="sm80"):
         pytest.skip("the sm90 family runs on compute capability 9.0 alone")
 
 
-def _routed_forward():
-    """The family the router gives packed forwards here: Hopper's own, else sm80."""
+def _routed_family():
+    """The family the router gives packed batches here: Hopper's own, else sm80."""
     return "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80"
 
 
-# The forwards that read packed batches, with the head dims each tests: every
-# tile shape of sm90's (64: three consumer warpgroups; 192 and 256: O staged in
-# Q's buffer).
-FWD_CASES = [("sm80", 64), ("sm80", 128)] + [("sm90", d) for d in (64, 96, 128, 192, 256)]
+# The families that read packed batches, with the head dims each tests: every
+# tile shape of sm90's (forward: 64 has three consumer warpgroups, 192 and 256
+# stage O in Q's buffer; backward: 192 and 256 split the head dim).
+FAMILY_CASES = [("sm80", 64), ("sm80", 128)] + [("sm90", d) for d in (64, 96, 128, 192, 256)]
 
 
 CUDA_LENS_Q = [0, 130, 1, 77, 300, 64, 5]
@@ -40,7 +40,7 @@ CUDA_LENS_K = [9, 200, 0, 77, 257, 64, 700]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family,head_dim", FWD_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("family,head_dim", FAMILY_CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("is_causal,window", CASES, ids=lambda c: str(c))
 def test_cuda_forward_matches_float64(is_causal, window, family, head_dim):
     """A forward on a packed batch (empty sequences, L != S, GQA, odd
@@ -66,23 +66,33 @@ def test_cuda_forward_matches_float64(is_causal, window, family, head_dim):
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
 def test_cuda_other_sequences_values_never_reach_a_sequence(family):
     """A tile past a sequence's end reads the next sequence's rows (sm90 loads
-    whole tiles): inf and NaN there, in q, k and v, leave every other
-    sequence's output and lse bit for bit as they were."""
+    whole tiles): inf and NaN there, in q, k, v and dout, leave every other
+    sequence's output, lse and gradients bit for bit as they were (deterministic
+    mode: dQ summed in a fixed order)."""
     _cuda(family)
     lens = [70, 5, 130, 1, 64, 200]
     q, k, v, cu_q, cu_k = packed(lens, lens, hq=4, hkv=2, e=128, dtype=torch.bfloat16, seed=9)
-    args = (max(lens), max(lens), None, False, family)
-    clean = ops.varlen_fwd(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), *args)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(q.dtype)
+    cu_q, cu_k = cu_q.cuda(), cu_k.cuda()
+
+    def run(q, k, v, dout):
+        leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
+        out, lse = ops.varlen_fwd(*leaves, cu_q, cu_k, max(lens), max(lens), None, False, family, family)
+        with testing.deterministic_algorithms():
+            return (out, lse, *torch.autograd.grad(out, leaves, dout.cuda()))
+
+    clean = run(q, k, v, dout)
     for poisoned in (2, 3, 5):  # after partial tiles of 5, 70 and 64 rows; the last
         rows = slice(int(cu_q[poisoned]), int(cu_q[poisoned + 1]))
-        bad = [t.clone() for t in (q, k, v)]
-        for t, value in zip(bad, (math.inf, -math.inf, math.nan)):
+        bad = [t.clone() for t in (q, k, v, dout)]
+        for t, value in zip(bad, (math.inf, -math.inf, math.nan, math.inf)):
             t[rows] = value
-        out, lse = ops.varlen_fwd(*(t.cuda() for t in bad), cu_q.cuda(), cu_k.cuda(), *args)
-        keep = torch.ones(q.size(0), dtype=torch.bool)
+        keep = torch.ones(q.size(0), dtype=torch.bool, device="cuda")
         keep[rows] = False
-        assert torch.equal(out[keep.cuda()], clean[0][keep.cuda()]), poisoned
-        assert torch.equal(lse[:, keep.cuda()], clean[1][:, keep.cuda()]), poisoned
+        for name, ours, expected in zip(("out", "lse", "dq", "dk", "dv"), run(*bad), clean):
+            if name == "lse":
+                ours, expected = ours.t(), expected.t()
+            assert torch.equal(ours[keep], expected[keep]), (name, poisoned)
 
 
 @pytest.mark.gpu
@@ -94,11 +104,8 @@ def test_cuda_families_say_what_they_cannot():
     with pytest.raises(RuntimeError, match="family is None"):
         ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40)
     out, lse = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
-    if torch.cuda.get_device_capability() == (9, 0):
-        hopper, _ = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm90")
-        torch.testing.assert_close(hopper, out, atol=2e-2, rtol=2e-2)
-        with pytest.raises(RuntimeError, match="family='sm90' has no backward kernel that reads per-sequence"):
-            ops.varlen_bwd(out, q, k, v, out, lse, cu_q, cu_k, 33, 40, None, False, "sm90")
+    with pytest.raises(RuntimeError, match="family='decode' has no forward kernel"):
+        ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "decode")
     with pytest.raises(RuntimeError, match=r"lse must be a float32 tensor of shape \(4, 65\)"):
         ops.varlen_bwd(out, q, k, v, out, lse[:, :-1], cu_q, cu_k, 33, 40, None, False, "sm80")
 
@@ -131,16 +138,16 @@ def _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("family,head_dim", FAMILY_CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("is_causal,window", CASES, ids=lambda c: str(c))
-def test_cuda_sm80_backward_matches_float64(is_causal, window, head_dim):
-    """sm80's backward on a packed batch (empty sequences, L != S, GQA, odd
+def test_cuda_backward_matches_float64(is_causal, window, family, head_dim):
+    """A backward on a packed batch (empty sequences, L != S, GQA, odd
     lengths, rows no sequence covers): output and gradients within twice the
     error of the same attention in bf16 math. Rows and keys no sequence reads
     get a gradient of 0."""
-    _cuda()
+    _cuda(family)
     q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q, CUDA_LENS_K, hq=8, hkv=2, e=head_dim, dtype=torch.bfloat16, spare_q=5)
-    ours = _cuda_grads(q, k, v, cu_q, cu_k, is_causal, window)
+    ours = _cuda_grads(q, k, v, cu_q, cu_k, is_causal, window, family, family)
     _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window)
     dq, dk, dv = ours[2]
     assert (dq[-5:] == 0).all()  # no sequence covers these rows
@@ -150,14 +157,13 @@ def test_cuda_sm80_backward_matches_float64(is_causal, window, head_dim):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
 def test_cuda_many_sequences_and_one_long(family):
-    """A thousand short sequences around one of 3000 tokens, fp16, MHA (the
-    forward of `family`, sm80's backward)."""
+    """A thousand short sequences around one of 3000 tokens, fp16, MHA."""
     _cuda(family)
     g = torch.Generator().manual_seed(3)
     lens = torch.randint(0, 40, (1000,), generator=g).tolist()
     lens[500] = 3000
     q, k, v, cu_q, cu_k = packed(lens, lens, hq=2, hkv=2, e=64, dtype=torch.float16, seed=4)
-    ours = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1), family)
+    ours = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1), family, family)
     _check_grads(ours, q, k, v, cu_q, cu_k, True, (-1, -1))
 
 
@@ -187,15 +193,16 @@ def test_cuda_a_million_tokens_in_thousands_of_sequences(family):
 
 
 @pytest.mark.gpu
-def test_cuda_sm80_backward_deterministic():
+@pytest.mark.parametrize("family,head_dim", [("sm80", 64), ("sm90", 64), ("sm90", 256)])
+def test_cuda_backward_deterministic(family, head_dim):
     """Under use_deterministic_algorithms the packed backward sums dQ in a fixed
     order: two runs give the same bits, close to the default order's."""
-    _cuda()
-    q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q, CUDA_LENS_K, hq=8, hkv=2, e=64, dtype=torch.bfloat16)
-    default = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
+    _cuda(family)
+    q, k, v, cu_q, cu_k = packed(CUDA_LENS_Q, CUDA_LENS_K, hq=8, hkv=2, e=head_dim, dtype=torch.bfloat16)
+    default = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1), family, family)[2]
     with testing.deterministic_algorithms():
-        first = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
-        second = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1))[2]
+        first = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1), family, family)[2]
+        second = _cuda_grads(q, k, v, cu_q, cu_k, True, (-1, -1), family, family)[2]
     for a, b, c in zip(first, second, default):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)
@@ -223,8 +230,8 @@ def test_cuda_provider_serves_varlen_attn(window_size):
     finally:
         A.restore_flash_attention_impl()
     routed = tfb.stats()["routed"]
-    assert any(name.startswith(f"{_routed_forward()}_fwd_bf16_hdim128") for name in routed), routed
-    assert any(name.startswith("sm80_bwd_bf16_hdim128") for name in routed), routed
+    assert any(name.startswith(f"{_routed_family()}_fwd_bf16_hdim128") for name in routed), routed
+    assert any(name.startswith(f"{_routed_family()}_bwd_bf16_hdim128") for name in routed), routed
     _check_grads((out, None, grads, dout), q, k, v, cu_q, cu_k, is_causal, window)
 
 
@@ -245,7 +252,7 @@ def test_cuda_bad_offset_values_stay_inside_the_tensors(family):
                                 (overlapping, cu_k, 60)]:
         out, lse = ops.varlen_fwd(qc, kc, vc, bad_q.cuda(), bad_k.cuda(), max_q, 40, None, True, family)
         ops.varlen_bwd(torch.ones_like(out), qc, kc, vc, out, lse, bad_q.cuda(), bad_k.cuda(), max_q, 40, None, True,
-                       "sm80")
+                       family)
     torch.cuda.synchronize()
     out, _ = ops.varlen_fwd(qc, kc, vc, cu_q.cuda(), cu_k.cuda(), 33, 40, None, True, family)
     ref, _ = reference(q, k, v, cu_q, cu_k, True)
@@ -268,7 +275,7 @@ def test_cuda_unwritten_rows_are_cleared(family):
     for _ in range(3):  # leave NaN in the caching allocator's blocks
         torch.full((q.numel() * 8,), float("nan"), device="cuda", dtype=torch.bfloat16)
     leaves = [t.cuda().requires_grad_() for t in (q, k, v)]
-    out, lse = ops.varlen_fwd(*leaves, cu_q.cuda(), cu_k.cuda(), 17, 17, None, True, family, "sm80",
+    out, lse = ops.varlen_fwd(*leaves, cu_q.cuda(), cu_k.cuda(), 17, 17, None, True, family, family,
                               seqused_k=used.cuda())
     dq, dk, dv = torch.autograd.grad(out, leaves, torch.randn_like(out))
     ref, _ = reference(q, k, v, cu_q, cu_k, True, used=used)
@@ -294,8 +301,8 @@ def test_cuda_enable_serves_varlen_attn():
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves, dout)
     routed = tfb.stats()["routed"]
-    assert any(n.startswith(f"{_routed_forward()}_fwd_bf16_hdim64") for n in routed), routed
-    assert any(n.startswith("sm80_bwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith(f"{_routed_family()}_fwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith(f"{_routed_family()}_bwd_bf16_hdim64") for n in routed), routed
     _check_grads((out, None, grads, dout), q, k, v, cu_q, cu_k, True, (-1, 0))
     # Outside enable(), PyTorch's kernels serve the same call.
     tfb.reset_stats()
@@ -304,7 +311,7 @@ def test_cuda_enable_serves_varlen_attn():
     # Lenient enable() serves it too.
     with tfb.enable():
         varlen_attn(*leaves, cu_q.cuda(), cu_k.cuda(), max(lens), max(lens), window_size=(-1, 0))
-    assert any(n.startswith(f"{_routed_forward()}_fwd_bf16_hdim64") for n in tfb.stats()["routed"]), tfb.stats()
+    assert any(n.startswith(f"{_routed_family()}_fwd_bf16_hdim64") for n in tfb.stats()["routed"]), tfb.stats()
 
 
 @pytest.mark.gpu
@@ -327,8 +334,8 @@ def test_cuda_enable_serves_jagged_sdpa():
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
     out.transpose(1, 2).values().float().square().sum().backward()
     routed = tfb.stats()["routed"]
-    assert any(n.startswith(f"{_routed_forward()}_fwd_bf16_hdim64") for n in routed), routed
-    assert any(n.startswith("sm80_bwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith(f"{_routed_family()}_fwd_bf16_hdim64") for n in routed), routed
+    assert any(n.startswith(f"{_routed_family()}_bwd_bf16_hdim64") for n in routed), routed
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
     flat = [t.values().detach().cpu() for t in (q, k, v)]
 
@@ -369,5 +376,5 @@ def test_cuda_compiled_varlen_attn_inside_and_outside_enable():
     assert not tfb.stats()["routed"], tfb.stats()
     with tfb.enable(strict=True):
         ours = attend(q, k, v)
-    assert any(n.startswith(f"{_routed_forward()}_fwd_bf16_hdim64") for n in tfb.stats()["routed"]), tfb.stats()
+    assert any(n.startswith(f"{_routed_family()}_fwd_bf16_hdim64") for n in tfb.stats()["routed"]), tfb.stats()
     torch.testing.assert_close(ours, plain, atol=2e-2, rtol=2e-2)

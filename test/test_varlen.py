@@ -134,7 +134,7 @@ def test_fake_kernels_give_the_real_shapes():
 
 def test_router_decides_packed_batches():
     """decide_varlen: the families whose records read per-sequence lengths
-    serve a packed batch (sm80's; sm90's forward, not its backward); metadata
+    serve a packed batch (sm80's and sm90's, not decode's); metadata
     PyTorch's kernel would reject goes to it with the ops' reason."""
     from torch_flash_backend import _router
     with FakeTensorMode(), testing.pretend_cuda():
@@ -160,24 +160,28 @@ def test_router_decides_packed_batches():
     with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=both):
         q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
         cu = torch.empty(3, dtype=torch.int32, device="cuda")
-        # On Hopper sm90's forward reads packed batches; its backward does not, sm80's does.
         d = _router.decide_varlen(q, q, q, cu, cu, 40, 50, needs_grad=True)
-        assert d.served and (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm80_bwd_bf16_hdim64"), d
+        assert d.served and (d.kernel, d.backward_kernel) == ("sm90_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"), d
+
+        def reading_none(*names):  # these records ("sm90_fwd"), as if they read no packed batch
+            records = set()
+            for kernel in testing.fake_kernels(both):
+                if f"{kernel.family}_{kernel.pass_}" in names:
+                    kernel = copy.copy(kernel)
+                    kernel.seqlens = False
+                records.add(kernel)
+            return frozenset(records)
+
         # Where the chip's first family reads none, enable() leaves it to PyTorch and strict takes the next.
-        slower = set()
-        for kernel in _router.probe.kernels():
-            if kernel.family == "sm90":
-                kernel = copy.copy(kernel)
-                kernel.seqlens = False
-            slower.add(kernel)
-        _router.probe.kernels = lambda: frozenset(slower)
+        _router.probe.kernels = lambda: reading_none("sm90_fwd", "sm90_bwd")
         d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
         assert not d.served and "the sm90 family, this chip's first, reads none" in d.reason, d
         assert _router.decide_varlen(q, q, q, cu, cu, 40, 50, pinned=True).kernel == "sm80_fwd_bf16_hdim64"
-    kernels = ["sm80_fwd_bf16_hdim64", "sm90_bwd_bf16_hdim64"]
-    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=kernels):
-        q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
-        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        # A backward that reads none passes the batch's gradient to the next family that does; none: PyTorch.
+        _router.probe.kernels = lambda: reading_none("sm90_bwd")
+        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50, needs_grad=True)
+        assert d.served and d.backward_kernel == "sm80_bwd_bf16_hdim64", d
+        _router.probe.kernels = lambda: reading_none("sm90_bwd", "sm80_bwd")
         d = _router.decide_varlen(q, q, q, cu, cu, 40, 50, needs_grad=True)
         assert not d.served and d.reason == _router.PACKED_GRAD_REASON, d
 

@@ -94,17 +94,18 @@ int smallest_fwd_rows(int head_dim) {
   return rows;
 }
 
+// A packed batch has both offsets (and seqused_k, maybe); lengths per batch
+// without offsets (seqused_k alone) are not one.
+bool packed(const AttnFwdParams& p) { return p.seqlens.cu_q && p.seqlens.cu_k; }
+
 }  // namespace
 
-// The forward reads a packed batch (cu_q and cu_k; seqused_k too) from a tile
-// list (common/tile_list.h) whose positions must fit an int; not lengths per
-// batch without offsets (seqused_k alone).
+// The forward reads a packed batch from a tile list (common/tile_list.h)
+// whose positions must fit an int.
 bool can_run_fwd(const AttnFwdParams& p) {
   if (per_batch_lengths(p)) {
     const int rows = smallest_fwd_rows(p.head_dim);
-    if (!p.seqlens.cu_q || !p.seqlens.cu_k || rows == 0 || tile_list_capacity(p, rows) > INT_MAX / 2 - 4096) {
-      return false;
-    }
+    if (!packed(p) || rows == 0 || tile_list_capacity(p, rows) > INT_MAX / 2 - 4096) return false;
   }
   return layout_ok(p);
 }
@@ -141,9 +142,10 @@ namespace sm90 {
 // The backward loads Q, dO, K and V with TMA; it writes dq, dk and dv and
 // reads out with 16-byte (preprocess) and 4-byte stores and loads, which the
 // host's checks already allow. It reads a boolean attn_mask, not an additive
-// one (the registry's additive_masks; sm80's backward serves those).
+// one (the registry's additive_masks; sm80's backward serves those), and a
+// packed batch (a grid over the longest sequence's key tiles).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return !per_batch_lengths(p) && layout_ok(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
+  return (!per_batch_lengths(p) || packed(p)) && layout_ok(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 

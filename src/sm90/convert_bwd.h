@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
   int head, batch;
   if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
   const int m0 = blockIdx.x * Traits::kBlockM;
-  float const* tile = ws.dq_accum + ((int64_t(batch) * p.heads_q + head) * ws.len_q_pad + m0) * kHeadDim;
+  // A packed batch's grid spans the longest sequence; a shorter one's tiles past its end return.
+  const int rows = min(Traits::kBlockM, p.seqlen_q(batch) - m0);
+  if (rows <= 0) return;
+  float const* tile = ws.dq_accum + (ws.row0(batch, head, p.heads_q) + m0) * kHeadDim;
   if (threadIdx.x < 128) {
     stage_dq_slice<Traits, 0>(p, ws, tile, stage, threadIdx.x);
   } else {
@@ -82,8 +85,7 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
   // The rows that exist, 8 values (16 bytes) a thread at a time; 4-byte pieces
   // where dq's rows or start are not 16-byte aligned.
   constexpr int kPieces = kHeadDim / 8;
-  const int rows = min(Traits::kBlockM, p.seqlen_q(batch) - m0);
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+  Element* dq = static_cast<Element*>(p.dq) + p.dq_offset(batch) + head * p.dq_head_stride +
                 int64_t(m0) * p.dq_row_stride;
   const bool vectors = (reinterpret_cast<uintptr_t>(p.dq) % 16 | (p.dq_batch_stride | p.dq_head_stride |
                                                                   p.dq_row_stride) % 8) == 0;

@@ -15,21 +15,25 @@
 #include "sm90/epilogue_bwd.h"
 #include "sm90/mainloop_bwd.h"
 #include "sm90/mask_walk.h"
+#include "sm90/tile_scheduler.h"
 
 namespace tfb {
 namespace sm90 {
 
-template <class Traits, class Policy>
+// kPacked: a packed batch (params.h SeqLens); each CTA reads its sequence's
+// offsets and lengths once (a PackedTile) and builds its band from them.
+template <class Traits, class Policy, bool kPacked>
 struct BwdKernelParams {
   using Element = typename Traits::Element;
   using Mask = typename BwdMainloop<Traits, Policy>::Mask;
+  using Tile = std::conditional_t<kPacked, PackedTile, WorkTile>;
+  static_assert(!kPacked || !mask::kReadsMemory<Policy>, "a packed batch has no mask in memory");
   typename BwdMainloop<Traits, Policy>::Params mainloop;
-  int heads_kv, batch, n_blocks;
+  int heads_kv, batch, n_blocks;  // n_blocks: of the longest sequence
   int group_pairs;  // (kv head, batch) pairs per group of CTAs (HeadBatchGrid::locate_grouped)
-  // Uniform lengths (can_run_bwd refuses per-batch ones): mask_walk.h.
-  int len_k;
+  int len_q, len_k;  // the longest; uniform lengths: everyone's (mask_walk.h)
   Mask uniform_mask;   // uniform_walk
-  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h)
+  MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h); a packed batch's band
   float scale;
   Element* dk;
   Element* dv;
@@ -39,12 +43,60 @@ struct BwdKernelParams {
   CUTE_DEVICE decltype(auto) mask(int batch, int head_q) const {
     return walk_of(uniform_mask, mask_args, batch, head_q);
   }
+  // Where batch b's rows are, and its lengths.
+  CUTE_DEVICE Tile tile(int b) const {
+    if constexpr (kPacked) {
+      const SeqLens& s = mainloop.seqlens;
+      return {0, 0, b, int(s.q_begin(b)), s.q(b, len_q), int(s.k_begin(b)), s.k(b, len_k)};
+    } else {
+      return {0, 0, b};
+    }
+  }
+  CUTE_DEVICE int seqlen_k(Tile const& tile) const {
+    if constexpr (kPacked) {
+      return tile.len_k;
+    } else {
+      return len_k;
+    }
+  }
+  CUTE_DEVICE int64_t dk_offset(Tile const& tile) const {
+    return kPackedTile<Tile> ? row0_of(tile) * dk_row_stride : tile.batch * dk_batch_stride;
+  }
+  CUTE_DEVICE int64_t dv_offset(Tile const& tile) const {
+    return kPackedTile<Tile> ? row0_of(tile) * dv_row_stride : tile.batch * dv_batch_stride;
+  }
+  CUTE_DEVICE static int64_t row0_of(Tile const& tile) {
+    if constexpr (kPacked) {
+      return tile.k_row0;
+    } else {
+      return 0;
+    }
+  }
 };
 
-// Policy: mask.h Band or FromMemory (a boolean attn_mask; mask_summary.h with_policy).
-template <class Traits, class Policy>
+// A packed sequence's masks: its band, the same for every head.
+template <class Mask>
+struct SequenceMask {
+  Mask walk;
+  CUTE_DEVICE Mask const& mask(int, int) const { return walk; }
+};
+
+// The masks a CTA's roles read: the kernel params' (mask(batch, head)), or
+// a packed sequence's band.
+template <class Params>
+CUTE_DEVICE decltype(auto) masks_of(Params const& p, typename Params::Tile const& tile) {
+  if constexpr (kPackedTile<typename Params::Tile>) {
+    return SequenceMask<typename Params::Mask>{{mask::band_of(p.mask_args, tile.len_q, tile.len_k)}};
+  } else {
+    return (p);
+  }
+}
+
+// Policy: mask.h Band or FromMemory (a boolean attn_mask; mask_summary.h
+// with_policy); a packed batch: Band.
+template <class Traits, class Policy, bool kPacked>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
-    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy> const p) {
+    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy, kPacked> const p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = BwdMainloop<Traits, Policy>;
   using Pipeline = typename Traits::Pipeline;
@@ -61,6 +113,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           : !HeadBatchGrid::locate_grouped(p.heads_kv, p.batch, p.group_pairs, first_block, head_kv, batch)) {
     return;
   }
+  // A packed batch's grid spans the longest sequence's key tiles; a shorter
+  // one's CTAs past its own do nothing.
+  const auto tile = p.tile(batch);
+  const int n_blocks = kPacked ? (p.seqlen_k(tile) + Traits::kBlockN - 1) / Traits::kBlockN : p.n_blocks;
+  decltype(auto) masks = masks_of(p, tile);
+  auto const& step_walk = masks.mask(batch, head_kv * p.mainloop.group);
 
   extern __shared__ __align__(1024) char smem[];
   SharedStorage& shared = *reinterpret_cast<SharedStorage*>(smem);
@@ -95,9 +153,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp == 0) {  // the whole warp walks a mask's tile kinds; its lane 0 issues
       auto write = cutlass::make_producer_start_state<Pipeline>();
       int unit = 0;
-      for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
-        const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
-        Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, p, n_block, head_kv, batch, unit);
+      for (int n_block = first_block; n_block < n_blocks; n_block += gridDim.x, ++unit) {
+        const BwdSteps steps(step_walk, n_block, head_kv, group);
+        Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, masks, n_block, head_kv, tile,
+                       unit);
       }
     }
   } else {
@@ -108,27 +167,27 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     typename Traits::MmadKV mma_dkv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int unit = 0;
-    for (int n_block = first_block; n_block < p.n_blocks; n_block += gridDim.x, ++unit) {
-      const BwdSteps steps(p.uniform_mask, n_block, head_kv, group);
+    for (int n_block = first_block; n_block < n_blocks; n_block += gridDim.x, ++unit) {
+      const BwdSteps steps(step_walk, n_block, head_kv, group);
       Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
       Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
       clear(acc_dk);
       clear(acc_dv);
       if constexpr (Traits::kSplitDim) {
-        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p, n_block, batch,
+        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, masks, n_block, tile,
                                     unit, dq_split, thread_idx, acc_dk, acc_dv);
       } else {
-        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, p, n_block, batch, unit,
+        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, masks, n_block, tile, unit,
                           dq_split, thread_idx, acc_dk, acc_dv);
       }
       // Every wgmma reading K and V has completed (compute's last wait).
       if (wg_thread == 0) shared.kv_free.arrive();
       const int n0 = n_block * Traits::kBlockN + Traits::key0(consumer);
       const int col0 = Traits::dkv_col0(consumer);
-      Element* dk = p.dk + batch * p.dk_batch_stride + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
-      Element* dv = p.dv + batch * p.dv_batch_stride + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
-      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, p.len_k - n0, wg_thread);
-      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, p.len_k - n0, wg_thread);
+      Element* dk = p.dk + p.dk_offset(tile) + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
+      Element* dv = p.dv + p.dv_offset(tile) + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
+      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, p.seqlen_k(tile) - n0, wg_thread);
+      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, p.seqlen_k(tile) - n0, wg_thread);
     }
     // The last reduction reads the dQ buffer until it completes.
     if (thread_idx == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");

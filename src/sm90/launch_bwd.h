@@ -33,42 +33,48 @@ TileShape bwd_tile() {
 }
 
 // Policy: mask.h Band, or FromMemory for a boolean attn_mask (whose summary
-// `a` then points at: launch_bwd runs the pre-pass).
-template <class Traits, class Policy>
+// `a` then points at: launch_bwd runs the pre-pass). kPacked: a packed batch
+// (Band), its tensors every sequence's rows in one batch.
+template <class Traits, class Policy, bool kPacked>
 cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   // A runtime call before the TMA descriptors are encoded: it binds the
   // thread's context, which the encoder needs (launch_fwd.h).
-  auto kernel = &bwd_kernel<Traits, Policy>;
+  auto kernel = &bwd_kernel<Traits, Policy, kPacked>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
 
-  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), a.len_q, a.heads_q, a.batch,
+  const int rows_q = kPacked ? int(a.seqlens.total_q) : a.len_q;
+  const int rows_k = kPacked ? int(a.seqlens.total_k) : a.len_k;
+  const int batch = kPacked ? 1 : a.batch;
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.heads_q, batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
-  auto mdO = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.dout), a.len_q, a.heads_q, a.batch,
+  auto mdO = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.dout), rows_q, a.heads_q, batch,
                                          a.do_row_stride, a.do_head_stride, a.do_batch_stride);
-  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), a.len_k, a.heads_kv, a.batch,
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.heads_kv, batch,
                                         a.k_row_stride, a.k_head_stride, a.k_batch_stride);
-  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), a.len_k, a.heads_kv, a.batch,
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.heads_kv, batch,
                                         a.v_row_stride, a.v_head_stride, a.v_batch_stride);
   using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
   const int n_blocks = (a.len_k + Traits::kBlockN - 1) / Traits::kBlockN;
 
-  BwdKernelParams<Traits, Policy> p{
+  using KernelParams = BwdKernelParams<Traits, Policy, kPacked>;
+  KernelParams p{
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mdO, typename Traits::SmemLayoutQStage{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.heads_q, a.scale_log2, ws.len_q_pad, ws.lse_log2, ws.dsum,
-       ws.dq_accum, ws.split_elems, a.deterministic},
+       ws.dq_accum, ws.split_elems, a.deterministic, a.seqlens, ws.head_rows},
       a.heads_kv,
       a.batch,
       n_blocks,
       std::max(1, a.num_sms / n_blocks),  // a group's CTAs fill the SMs about once
+      a.len_q,
       a.len_k,
-      uniform_walk<typename BwdKernelParams<Traits, Policy>::Mask>(a),
+      uniform_walk<typename KernelParams::Mask>(a),
       a.mask,
       a.scale,
       static_cast<Element*>(a.dk),
@@ -99,6 +105,10 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   const BwdWorkspace ws = carve_bwd_workspace(a);
   const cudaError_t err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
   if (err != cudaSuccess) return err;
+  if (a.seqlens.cu_q) {
+    if (a.mask.in_memory()) return cudaErrorInvalidValue;
+    return launch_bwd_with<Traits, mask::Band, true>(a, ws, stream);
+  }
   // A mask in memory's summary goes past the accumulators (bwd_workspace_bytes).
   void* scratch = static_cast<char*>(a.workspace) + bwd_workspace_size(a);
   return mask::with_policy(a, Traits::kBlockM, Traits::kBlockN, scratch, stream,
@@ -107,7 +117,7 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
                              if constexpr (mask::kAddsValues<Policy>) {
                                return cudaErrorInvalidValue;
                              } else {
-                               return launch_bwd_with<Traits, Policy>(p, ws, stream);
+                               return launch_bwd_with<Traits, Policy, false>(p, ws, stream);
                              }
                            });
 }

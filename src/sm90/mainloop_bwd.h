@@ -13,6 +13,7 @@
 // the warpgroups together compute dQ = dS K for the query tile and one thread
 // adds it into the float32 accumulator in global memory with one bulk
 // reduction, which runs while the next step computes.
+// A tile (tile_scheduler.h WorkTile, or a packed batch's PackedTile) says where a batch's rows are.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -20,43 +21,16 @@
 
 #include "common/mask.h"
 #include "common/mask_apply.h"
+#include "common/workspace_bwd.h"
 #include "params.h"
 #include "sm90/kernel_traits_bwd.h"
 #include "sm90/mask_walk.h"
+#include "sm90/steps_bwd.h"
+#include "sm90/tile_scheduler.h"
 #include "sm90/utils.h"
 
 namespace tfb {
 namespace sm90 {
-
-enum class BwdBarrier : int {
-  kConsumers = 1,  // every consumer thread: dS written / dQ staged
-};
-
-// The steps of one key tile: the query tiles that see its keys, for each
-// query head of the GQA group in turn (dK and dV sum over the group in a
-// fixed order).
-struct BwdSteps {
-  int m_begin, m_count, head_q0, count;
-  struct Step {
-    int head_q, m_block;
-  };
-  template <class Walk>
-  CUTE_DEVICE BwdSteps(Walk const& walk, int n_block, int head_kv, int group) {
-    const auto m = walk.m_blocks(n_block);
-    m_begin = m.begin;
-    m_count = m.end - m.begin;
-    head_q0 = head_kv * group;
-    count = group * m_count;
-  }
-  CUTE_DEVICE Step at(int i) const { return {head_q0 + i / m_count, m_begin + i % m_count}; }
-};
-
-// One 1D bulk reduction: global[0, bytes) += shared[0, bytes), float32.
-CUTE_DEVICE void bulk_reduce_add(float* gmem, float const* smem, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
-               "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
-               : "memory");
-}
 
 // Policy: a band (mask.h Band) or a boolean mask in
 // memory (FromMemory), whose hidden tiles both roles skip.
@@ -82,15 +56,61 @@ struct BwdMainloop {
     int heads_q;
     float scale_log2;
     int len_q_pad;           // rows of each (batch, head) in the workspace arrays
-    float const* lse_log2;   // (B, Hq, len_q_pad)
-    float const* dsum;       // (B, Hq, len_q_pad)
+    float const* lse_log2;   // (B, Hq, len_q_pad); a packed batch: (Hq, head_rows) (workspace_bwd.h)
+    float const* dsum;       // likewise
     float* dq_accum;         // (splits, B, Hq, len_q_pad, E), query tiles in BwdTraits' fragment order
     int64_t split_elems;
     bool deterministic;      // one split per CTA column, reductions one at a time
+    SeqLens seqlens;         // a packed batch's, whose sequence b starts packed_row0(b) rows into a head's
+    int64_t head_rows;
   };
 
-  CUTE_DEVICE static int64_t stat_offset(Params const& p, int batch, int head_q, int m_block) {
-    return (int64_t(batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
+  // The workspace row of query tile m_block's first row.
+  template <class Tile>
+  CUTE_DEVICE static int64_t stat_offset(Params const& p, Tile const& tile, int head_q, int m_block) {
+    if constexpr (kPackedTile<Tile>) {
+      return head_q * p.head_rows + packed_row0(p.seqlens, tile.batch) + int64_t(m_block) * kBlockM;
+    } else {
+      return (int64_t(tile.batch) * p.heads_q + head_q) * p.len_q_pad + int64_t(m_block) * kBlockM;
+    }
+  }
+
+  // A packed tile's rows past its sequence's end (the last key tile's, each
+  // last query tile's) are the next sequence's: every consumer clears them
+  // once they land (utils.h clear_rows_from), before any wgmma reads them.
+  CUTE_DEVICE static void foreign_cleared() {
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(int(BwdBarrier::kConsumers), Traits::kConsumerThreads);
+  }
+  // The key tile's K and V (after kv_full), once per key tile.
+  template <class Tile>
+  CUTE_DEVICE static void clear_foreign_kv(SharedStorage& shared, Tile const& tile, int n_block, int thread_idx) {
+    if constexpr (kPackedTile<Tile>) {
+      const int keys = tile.len_k - n_block * kBlockN;
+      if (keys >= kBlockN) return;
+      constexpr int kThreads = Traits::kConsumerThreads;
+      clear_rows_from<kThreads>(make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{}), keys,
+                                thread_idx);
+      clear_rows_from<kThreads>(make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{}), keys,
+                                thread_idx);
+      foreign_cleared();
+    }
+  }
+  // A step's Q and dO stage, waited for here.
+  template <class Tile>
+  CUTE_DEVICE static void clear_foreign_q(SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do,
+                                          PipelineState const& read, Tile const& tile, int m_block, int thread_idx) {
+    if constexpr (kPackedTile<Tile>) {
+      const int queries = tile.len_q - m_block * kBlockM;
+      if (queries >= kBlockM) return;
+      pipeline_q.consumer_wait(read);
+      pipeline_do.consumer_wait(read);
+      Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+      Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
+      clear_rows_from<Traits::kConsumerThreads>(sQ(_, _, read.index()), queries, thread_idx);
+      clear_rows_from<Traits::kConsumerThreads>(sdO(_, _, read.index()), queries, thread_idx);
+      foreign_cleared();
+    }
   }
 
   // The producer's walk over a key tile's steps: a mask in memory skips the
@@ -179,10 +199,11 @@ struct BwdMainloop {
   // Producer: one warp, whose lane 0 (the pipelines' leader) issues the
   // loads. unit: this CTA's how-many-th key tile (phase of kv_full).
   // masks: anything with mask(batch, head_q) -> Mask (the kernel's params).
-  template <class Masks>
+  template <class Masks, class Tile>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do,
                                PipelineState& write, BwdSteps const& steps, Masks const& masks, int n_block,
-                               int head_kv, int batch, int unit) {
+                               int head_kv, Tile const& tile, int unit) {
+    const int batch = tile.batch;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
@@ -197,8 +218,8 @@ struct BwdMainloop {
     const bool issues = threadIdx.x == 0;
     // K and V of the previous key tile stay until every consumer is done.
     if (unit > 0) shared.kv_free.wait((unit - 1) & 1);
-    Tensor gK = local_tile(mK(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
-    Tensor gV = local_tile(mV(_, _, head_kv, batch), TileKV{}, make_coord(n_block, 0));
+    Tensor gK = local_tile(tile.k_rows(mK, head_kv), TileKV{}, make_coord(n_block, 0));
+    Tensor gV = local_tile(tile.k_rows(mV, head_kv), TileKV{}, make_coord(n_block, 0));
     auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
     if (issues) {
@@ -211,12 +232,12 @@ struct BwdMainloop {
     constexpr bool kNotes = ConsumerSteps<Masks>::kNotes;
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
-      Tensor gQ = local_tile(mQ(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
-      Tensor gdO = local_tile(mdO(_, _, step.head_q, batch), TileQ{}, make_coord(step.m_block, 0));
+      Tensor gQ = local_tile(tile.q_rows(mQ, step.head_q), TileQ{}, make_coord(step.m_block, 0));
+      Tensor gdO = local_tile(tile.q_rows(mdO, step.head_q), TileQ{}, make_coord(step.m_block, 0));
       auto [tQgQ, tQsQ] = tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tdOgdO, tdOsdO] =
           tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const int64_t stat = stat_offset(p, batch, step.head_q, step.m_block);
+      const int64_t stat = stat_offset(p, tile, step.head_q, step.m_block);
 
       if constexpr (kNotes) {
         const bool partial = cursor.partial(masks.mask(batch, step.head_q), i);
@@ -360,11 +381,12 @@ struct BwdMainloop {
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
   // dV in its accumulators. thread_idx counts the consumer threads from 0.
   // masks: as load()'s; the steps it skips are load()'s.
-  template <class Masks, class AccdK, class AccdV>
+  template <class Masks, class Tile, class AccdK, class AccdV>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                   Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
-                                  Masks const& masks, int n_block, int batch, int unit, float* dq_split,
+                                  Masks const& masks, int n_block, Tile const& tile, int unit, float* dq_split,
                                   int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
+    const int batch = tile.batch;
     const int warpgroup = thread_idx / 128;
     const int wg_thread = thread_idx % 128;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
@@ -406,10 +428,12 @@ struct BwdMainloop {
     constexpr int kConsumers = Traits::kConsumerThreads;
 
     shared.kv_full.wait(unit & 1);
+    clear_foreign_kv(shared, tile, n_block, thread_idx);
     ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
     Step step;
     while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
+      clear_foreign_q(shared, pipeline_q, pipeline_do, read, tile, step.m_block, thread_idx);
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
@@ -455,8 +479,8 @@ struct BwdMainloop {
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(int(BwdBarrier::kConsumers), kConsumers);
       if (leader) {
-        const int64_t tile = stat_offset(p, batch, step.head_q, step.m_block) * kHeadDim;
-        bulk_reduce_add(dq_split + tile, shared.dq.data(), Traits::kDqElems * int(sizeof(float)));
+        const int64_t dq_tile = stat_offset(p, tile, step.head_q, step.m_block) * kHeadDim;
+        bulk_reduce_add(dq_split + dq_tile, shared.dq.data(), Traits::kDqElems * int(sizeof(float)));
         tma_store_arrive();
       }
     }
@@ -466,11 +490,12 @@ struct BwdMainloop {
   // S^T and dP^T for the tile's 64 keys and its half of the query tile, writes
   // P^T and dS^T to shared memory, then dV, dK (left in its accumulators) and
   // dQ for its half of the head dim, and adds dQ into the float32 accumulator.
-  template <class Masks, class AccdK, class AccdV>
+  template <class Masks, class Tile, class AccdK, class AccdV>
   CUTE_DEVICE static void compute_split_dim(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                             Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
-                                            Masks const& masks, int n_block, int batch, int unit, float* dq_split,
-                                            int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
+                                            Masks const& masks, int n_block, Tile const& tile, int unit,
+                                            float* dq_split, int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
+    const int batch = tile.batch;
     static_assert(Traits::kSplitDim);
     constexpr int kQueries = Traits::kSdPQueries;
     constexpr int kCols = Traits::kDkvCols;
@@ -523,10 +548,12 @@ struct BwdMainloop {
 
     int done = 0;  // steps computed: P^T and dS^T alternate buffers
     shared.kv_full.wait(unit & 1);
+    clear_foreign_kv(shared, tile, n_block, thread_idx);
     ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
     Step step;
     while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
+      clear_foreign_q(shared, pipeline_q, pipeline_do, read, tile, step.m_block, thread_idx);
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
@@ -556,11 +583,11 @@ struct BwdMainloop {
 
       // Each value has one adding thread per CTA and step, so a split that one
       // CTA owns (deterministic mode) sums in a fixed order.
-      float* tile = dq_split + stat_offset(p, batch, step.head_q, step.m_block) * kHeadDim +
-                    (warpgroup == 0 ? Traits::template DqSlice<0>::kOffset : Traits::template DqSlice<1>::kOffset);
+      float* dq_tile = dq_split + stat_offset(p, tile, step.head_q, step.m_block) * kHeadDim +
+                       (warpgroup == 0 ? Traits::template DqSlice<0>::kOffset : Traits::template DqSlice<1>::kOffset);
       CUTE_UNROLL
       for (int j = 0; j < size(acc_dq); j += 4) {
-        atomicAdd(reinterpret_cast<float4*>(tile + Traits::dq_index(j, wg_thread)),
+        atomicAdd(reinterpret_cast<float4*>(dq_tile + Traits::dq_index(j, wg_thread)),
                   make_float4(acc_dq(j), acc_dq(j + 1), acc_dq(j + 2), acc_dq(j + 3)));
       }
     }

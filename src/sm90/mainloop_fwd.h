@@ -320,15 +320,9 @@ struct FwdMainloop {
   CUTE_DEVICE static void clear_foreign_v(SharedStorage& shared, Pipeline& pipeline_v, PipelineState const& stage,
                                           int keys, int thread_idx) {
     if (keys >= kBlockN) return;
-    keys = keys < 0 ? 0 : keys;
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
     pipeline_v.consumer_wait(stage);
-    // 16-byte pieces: 8 elements of a row stay together in every swizzled layout.
-    constexpr int kPieces = kHeadDim / 8;
-    for (int i = thread_idx; i < (kBlockN - keys) * kPieces; i += Traits::kConsumerThreads) {
-      *reinterpret_cast<uint4*>(&sV(keys + i / kPieces, (i % kPieces) * 8, stage.index())) = make_uint4(0, 0, 0, 0);
-    }
-    // Generic-proxy stores, read next by wgmma through the async proxy.
+    clear_rows_from<Traits::kConsumerThreads>(sV(_, _, stage.index()), keys, thread_idx);
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(int(Barrier::kForeignV), Traits::kConsumerThreads);
   }

@@ -94,5 +94,21 @@ CUTE_DEVICE void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Zeroes rows [rows, R) of an (R, head dim) tile in shared memory, shared by
+// kThreads threads: 16-byte stores (8 elements of a row stay together in every
+// swizzled layout). A packed batch's tiles past a sequence's end hold the next
+// one's rows, whose inf or NaN a zero probability would still carry into the
+// products. Generic-proxy stores: the caller fences (fence_view_async_shared)
+// and syncs before a wgmma reads the tile.
+template <int kThreads, class Smem>
+CUTE_DEVICE void clear_rows_from(Smem&& tile, int rows, int thread_idx) {
+  constexpr int kRows = decltype(size<0>(tile))::value;
+  constexpr int kPieces = decltype(size<1>(tile))::value / 8;
+  rows = rows < 0 ? 0 : rows;
+  for (int i = thread_idx; i < (kRows - rows) * kPieces; i += kThreads) {
+    *reinterpret_cast<uint4*>(&tile(rows + i / kPieces, (i % kPieces) * 8)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 }  // namespace sm90
 }  // namespace tfb
