@@ -1,6 +1,6 @@
 """Packed variable-length attention (varlen_attn's calls) in TFLOP/s: PyTorch's
 own kernel (varlen_attn), ours (the packed op, families as the router pins
-them, as strict enable() and the provider's served calls run), FlashAttention-4's
+them, as enable() and the provider's served calls run), FlashAttention-4's
 varlen path where installed (flash_attn.cute), and, for
 batches of equal lengths, our dense kernel on the same tokens. Backends in
 turns, one table.
@@ -98,8 +98,8 @@ def main():
                     def pytorch():
                         step(lambda: varlen_attn(q, k, v, cu, cu, longest, longest, window_size=window))
 
-                    # Ours: the packed op with the families the router pins (enable() itself leaves
-                    # packed batches to PyTorch where its kernels are not faster).
+                    # Ours: the packed op with the families the router pins (enable()'s, where
+                    # the chip's first family reads packed batches).
                     pinned = _router.decide_varlen(q, k, v, cu, cu, longest, longest, 0.0, bool(causal),
                                                    needs_grad=mode == "fwdbwd", pinned=True)
 

@@ -46,13 +46,14 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
-# Measured on an H100 (benchmarks/RESULTS.md, "Variable lengths"): the sm80 kernels
-# on packed batches run at 0.85-1.06x PyTorch's flash kernel, so where the chip's
-# preferred family reads no packed batch, enable() leaves them to PyTorch
-# (strict mode and flash_attn-style pinned calls still take ours).
+# Measured on an H100 (benchmarks/history/2026-11-28-varlen.md): the sm80 kernels on
+# packed batches ran at 0.85-1.06x PyTorch's flash kernel, so where the chip's
+# preferred family reads no packed batch (sm90 reads them: a build or a family list
+# without it), enable() leaves them to PyTorch (strict mode and flash_attn-style
+# pinned calls still take ours).
 PACKED_SLOWER_REASON = ("a packed variable-length batch: the {preferred} family, this chip's first, reads none, "
                         "and the {reader} kernels that do are not faster than PyTorch's flash kernel here "
-                        "(benchmarks/RESULTS.md, \"Variable lengths\"); PyTorch's kernel serves it")
+                        "(benchmarks/history/2026-11-28-varlen.md); PyTorch's kernel serves it")
 PACKED_GRAD_REASON = ("a packed variable-length batch and inputs that require grad: no backward family allowed "
                       "here reads one")
 WINDOW_GRAD_REASON = "a window's left edge and inputs that require grad: no backward family allowed here reads one"
