@@ -10,16 +10,17 @@ namespace {
 
 constexpr int kListThreads = 1024;
 
-__global__ void __launch_bounds__(kListThreads) build_tile_list_kernel(const AttnFwdParams p, int block_m,
-                                                                   const TileList list) {
+__global__ void __launch_bounds__(kListThreads) build_tile_list_kernel(const AttnFwdParams p, int rows,
+                                                                       TileAxis axis, const TileList list) {
   using Scan = cub::BlockScan<int, kListThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int first_tile[kListThreads + 1];  // per sequence of the chunk; the last: the chunk's tiles
-  const int heads = p.heads_q;
+  const bool keys = axis == TileAxis::kKeys;
+  const int heads = keys ? p.heads_kv : p.heads_q;
   int64_t listed = 0;  // entries of the chunks before
   for (int b0 = 0; b0 < p.batch; b0 += kListThreads) {
     const int b = b0 + int(threadIdx.x);
-    const int tiles = b < p.batch ? (p.seqlen_q(b) + block_m - 1) / block_m : 0;
+    const int tiles = b < p.batch ? ((keys ? p.seqlen_k(b) : p.seqlen_q(b)) + rows - 1) / rows : 0;
     int first, chunk_tiles;
     Scan(scan_storage).ExclusiveSum(tiles, first, chunk_tiles);
     first_tile[threadIdx.x] = first;
@@ -36,7 +37,12 @@ __global__ void __launch_bounds__(kListThreads) build_tile_list_kernel(const Att
       }
       const int n = first_tile[lo + 1] - first_tile[lo];
       const int64_t r = e - int64_t(first_tile[lo]) * heads;
-      list.entries[listed + e] = {n - 1 - int(r % n), int(r / n), b0 + lo, 0};
+      // Heads in groups of about a wave's tiles, each group's heaviest tiles first.
+      const int group = max(1, min(heads, p.num_sms / n));
+      const int g = int(r / (int64_t(group) * n)), within = int(r % (int64_t(group) * n));
+      const int in_group = min(group, heads - g * group);
+      const int i = within / in_group;
+      list.entries[listed + e] = {keys ? i : n - 1 - i, g * group + within % in_group, b0 + lo, 0};
     }
     listed += entries;
     __syncthreads();  // the next chunk reuses the scan's storage
@@ -49,8 +55,9 @@ __global__ void __launch_bounds__(kListThreads) build_tile_list_kernel(const Att
 
 }  // namespace
 
-cudaError_t build_tile_list(const AttnFwdParams& p, int block_m, const TileList& list, cudaStream_t stream) {
-  build_tile_list_kernel<<<1, kListThreads, 0, stream>>>(p, block_m, list);
+cudaError_t build_tile_list(const AttnFwdParams& p, int rows, TileAxis axis, const TileList& list,
+                            cudaStream_t stream) {
+  build_tile_list_kernel<<<1, kListThreads, 0, stream>>>(p, rows, axis, list);
   return cudaGetLastError();
 }
 

@@ -105,7 +105,7 @@ bool packed(const AttnFwdParams& p) { return p.seqlens.cu_q && p.seqlens.cu_k; }
 bool can_run_fwd(const AttnFwdParams& p) {
   if (per_batch_lengths(p)) {
     const int rows = smallest_fwd_rows(p.head_dim);
-    if (!packed(p) || rows == 0 || tile_list_capacity(p, rows) > INT_MAX / 2 - 4096) return false;
+    if (!packed(p) || rows == 0 || tile_list_capacity(p, rows, TileAxis::kQueries) > INT_MAX / 2 - 4096) return false;
   }
   return layout_ok(p);
 }
@@ -115,7 +115,7 @@ bool can_run_fwd(const AttnFwdParams& p) {
 size_t fwd_workspace_bytes(const AttnFwdParams& params) {
   if (params.seqlens.cu_q) {
     const int rows = smallest_fwd_rows(params.head_dim);
-    return rows == 0 ? 0 : tile_list_bytes(params, rows);
+    return rows == 0 ? 0 : tile_list_bytes(params, rows, TileAxis::kQueries);
   }
   size_t bytes = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
@@ -145,12 +145,23 @@ namespace sm90 {
 // one (the registry's additive_masks; sm80's backward serves those), and a
 // packed batch (a grid over the longest sequence's key tiles).
 bool can_run_bwd(const AttnBwdParams& p) {
-  return (!per_batch_lengths(p) || packed(p)) && layout_ok(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
+  // A packed batch's key tiles (64 keys at the fewest) are a grid's x dimension.
+  if (per_batch_lengths(p) && (!packed(p) || tile_list_capacity(p, 64, TileAxis::kKeys) > INT_MAX)) return false;
+  return layout_ok(p) && aligned(p.dout) && p.mask.mode != MaskMode::kAdditive &&
          strides_ok(p, p.do_batch_stride, p.do_head_stride, p.do_row_stride, p.heads_q, p.len_q);
 }
 
-// The accumulators, then attn_mask's tile summary for the backward's tiles.
+// The accumulators, then attn_mask's tile summary for the backward's tiles,
+// or a packed batch's list of key tiles (launch.h bwd_list_offset).
 size_t bwd_workspace_bytes(const AttnBwdParams& params) {
+  if (packed(params) && !params.deterministic) {
+    int keys = 0;  // the narrowest key tile's list is the longest
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const TileShape tile = tile_bwd(dtype, params.head_dim);
+      if (tile.keys > 0 && (keys == 0 || tile.keys < keys)) keys = tile.keys;
+    }
+    if (keys > 0) return bwd_list_offset(params) + tile_list_bytes(params, keys, TileAxis::kKeys);
+  }
   size_t bytes = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     const TileShape tile = tile_bwd(dtype, params.head_dim);

@@ -11,6 +11,7 @@
 #include "common/grid.h"
 #include "common/mask.h"
 #include "common/mask_summary.h"
+#include "common/tile_list.h"
 #include "params.h"
 #include "sm90/epilogue_bwd.h"
 #include "sm90/mainloop_bwd.h"
@@ -21,7 +22,9 @@ namespace tfb {
 namespace sm90 {
 
 // kPacked: a packed batch (params.h SeqLens); each CTA reads its sequence's
-// offsets and lengths once (a PackedTile) and builds its band from them.
+// offsets and lengths once (a PackedTile) and builds its band from them, and,
+// but in the deterministic mode, takes its key tile from a list
+// (common/tile_list.h) instead of a grid over the longest sequence.
 template <class Traits, class Policy, bool kPacked>
 struct BwdKernelParams {
   using Element = typename Traits::Element;
@@ -39,6 +42,8 @@ struct BwdKernelParams {
   Element* dv;
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+  const TileEntry* entries;  // a packed batch's key tiles, count of them
+  const int* count;
 
   CUTE_DEVICE decltype(auto) mask(int batch, int head_q) const {
     return walk_of(uniform_mask, mask_args, batch, head_q);
@@ -108,15 +113,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // about one wave, the first key tiles (the longest walks under a causal
   // mask) of a group starting first.
   int head_kv, batch, first_block = blockIdx.x;
-  if (p.mainloop.deterministic
-          ? !HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)
-          : !HeadBatchGrid::locate_grouped(p.heads_kv, p.batch, p.group_pairs, first_block, head_kv, batch)) {
+  if (kPacked && !p.mainloop.deterministic) {  // the list's entry blockIdx.x: one key tile
+    if (int(blockIdx.x) >= *p.count) return;
+    const TileEntry entry = p.entries[blockIdx.x];
+    first_block = entry.block;
+    head_kv = entry.head;
+    batch = entry.batch;
+  } else if (p.mainloop.deterministic
+                 ? !HeadBatchGrid::locate(p.heads_kv, p.batch, head_kv, batch)
+                 : !HeadBatchGrid::locate_grouped(p.heads_kv, p.batch, p.group_pairs, first_block, head_kv, batch)) {
     return;
   }
-  // A packed batch's grid spans the longest sequence's key tiles; a shorter
-  // one's CTAs past its own do nothing.
   const auto tile = p.tile(batch);
   const int n_blocks = kPacked ? (p.seqlen_k(tile) + Traits::kBlockN - 1) / Traits::kBlockN : p.n_blocks;
+  // The deterministic mode's splits walk a packed sequence's key tiles; a list entry is one.
+  const int block_stride = kPacked && !p.mainloop.deterministic ? n_blocks : int(gridDim.x);
+  if (kPacked && first_block >= n_blocks) return;
   decltype(auto) masks = masks_of(p, tile);
   auto const& step_walk = masks.mask(batch, head_kv * p.mainloop.group);
 
@@ -153,7 +165,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp == 0) {  // the whole warp walks a mask's tile kinds; its lane 0 issues
       auto write = cutlass::make_producer_start_state<Pipeline>();
       int unit = 0;
-      for (int n_block = first_block; n_block < n_blocks; n_block += gridDim.x, ++unit) {
+      for (int n_block = first_block; n_block < n_blocks; n_block += block_stride, ++unit) {
         const BwdSteps steps(step_walk, n_block, head_kv, group);
         Mainloop::load(p.mainloop, shared, pipeline_q, pipeline_do, write, steps, masks, n_block, head_kv, tile,
                        unit);
@@ -167,7 +179,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     typename Traits::MmadKV mma_dkv;
     typename cutlass::PipelineState<Traits::kStages> read;
     int unit = 0;
-    for (int n_block = first_block; n_block < n_blocks; n_block += gridDim.x, ++unit) {
+    for (int n_block = first_block; n_block < n_blocks; n_block += block_stride, ++unit) {
       const BwdSteps steps(step_walk, n_block, head_kv, group);
       Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
       Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});

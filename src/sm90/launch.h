@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/workspace_bwd.h"
 #include "kernel_info.h"
 #include "params.h"
 
@@ -16,6 +17,10 @@ namespace sm90 {
 // A masked forward's workspace: the mask's summary, then the counter of its
 // dynamic scheduler (tile_scheduler.h), zeroed by the mask pre-pass.
 constexpr size_t kUnitCounterBytes = 16;
+
+// A packed backward's workspace: the accumulators (common/workspace_bwd.h),
+// then, but in the deterministic mode, its key tiles' list from here.
+inline size_t bwd_list_offset(const AttnBwdParams& p) { return (bwd_workspace_size(p) + 15) / 16 * 16; }
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream);

@@ -15,6 +15,7 @@
 #include "common/grid.h"
 #include "common/mask_summary.h"
 #include "common/preprocess_bwd.h"
+#include "common/tile_list.h"
 #include "common/workspace_bwd.h"
 #include "sm90/convert_bwd.h"
 #include "sm90/kernel_bwd.h"
@@ -36,7 +37,8 @@ TileShape bwd_tile() {
 // `a` then points at: launch_bwd runs the pre-pass). kPacked: a packed batch
 // (Band), its tensors every sequence's rows in one batch.
 template <class Traits, class Policy, bool kPacked>
-cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cudaStream_t stream) {
+cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cudaStream_t stream,
+                            const TileList& list = {}) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   // A runtime call before the TMA descriptors are encoded: it binds the
@@ -84,11 +86,16 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
       a.dk_row_stride,
       a.dv_batch_stride,
       a.dv_head_stride,
-      a.dv_row_stride};
+      a.dv_row_stride,
+      list.entries,
+      list.count};
 
   // Deterministic: one CTA per split walks its key tiles (the splits fill the
-  // SMs over batch x kv heads); otherwise one CTA per key tile.
-  const dim3 grid = HeadBatchGrid::make(a.deterministic ? ws.splits : n_blocks, a.heads_kv, a.batch);
+  // SMs over batch x kv heads); otherwise one CTA per key tile, a packed
+  // batch's from its list (the entries listed; the rest return at once).
+  const dim3 grid = kPacked && !a.deterministic
+                        ? dim3(unsigned(list.capacity))
+                        : HeadBatchGrid::make(a.deterministic ? ws.splits : n_blocks, a.heads_kv, a.batch);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -105,9 +112,15 @@ cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   const BwdWorkspace ws = carve_bwd_workspace(a);
   const cudaError_t err = launch_bwd_preprocess<Element, kHeadDim>(a, ws, stream);
   if (err != cudaSuccess) return err;
-  if (a.seqlens.cu_q) {
+  if (a.seqlens.cu_q) {  // its key tiles listed past the accumulators (bwd_workspace_bytes)
     if (a.mask.in_memory()) return cudaErrorInvalidValue;
-    return launch_bwd_with<Traits, mask::Band, true>(a, ws, stream);
+    TileList list;
+    if (!a.deterministic) {
+      list = tile_list_at(static_cast<char*>(a.workspace) + bwd_list_offset(a), a, Traits::kBlockN, TileAxis::kKeys);
+      const cudaError_t built = build_tile_list(a, Traits::kBlockN, TileAxis::kKeys, list, stream);
+      if (built != cudaSuccess) return built;
+    }
+    return launch_bwd_with<Traits, mask::Band, true>(a, ws, stream, list);
   }
   // A mask in memory's summary goes past the accumulators (bwd_workspace_bytes).
   void* scratch = static_cast<char*>(a.workspace) + bwd_workspace_size(a);

@@ -125,8 +125,8 @@ TileShape fwd_tile() {
 template <class Traits>
 cudaError_t launch_fwd_packed(const AttnFwdParams& params, cudaStream_t stream) {
   if (params.mask.in_memory()) return cudaErrorInvalidValue;
-  const TileList list = tile_list_at(params.workspace, params, Traits::kBlockM);
-  const cudaError_t err = build_tile_list(params, Traits::kBlockM, list, stream);
+  const TileList list = tile_list_at(params.workspace, params, Traits::kBlockM, TileAxis::kQueries);
+  const cudaError_t err = build_tile_list(params, Traits::kBlockM, TileAxis::kQueries, list, stream);
   if (err != cudaSuccess) return err;
   return launch_fwd_with<Traits, mask::Band, true>(params, stream, nullptr, list);
 }

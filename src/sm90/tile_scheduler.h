@@ -117,7 +117,7 @@ struct PackedTileScheduler {
   CUTE_DEVICE int next(int) const { return 2 * (int(gridDim.x) + atomicAdd(next_unit, 1)); }
   CUTE_DEVICE Tile tile(int pos) const {
     const TileEntry e = entries[pos / 2];
-    return {e.m_block, e.head, e.batch, int(seqlens.q_begin(e.batch)), seqlens.q(e.batch, len_q),
+    return {e.block, e.head, e.batch, int(seqlens.q_begin(e.batch)), seqlens.q(e.batch, len_q),
             int(seqlens.k_begin(e.batch)), seqlens.k(e.batch, len_k)};
   }
 };
