@@ -6,7 +6,11 @@ batches of equal lengths, our dense kernel on the same tokens. Backends in
 turns, one table.
 
     python benchmarks/bench_varlen.py [--total 16384,65536] [--batches uniform,long,equal]
-        [--head-dim 128] [--heads 16] [--causal 0,1] [--modes fwd,fwdbwd]
+        [--head-dim 128] [--heads 16] [--causal 0,1] [--modes fwd,fwdbwd] [--window 4096]
+
+--window W adds a table of our causal sliding window (W, 0) against our causal
+call on the same batch: the window's time over the causal time scaled by the
+fraction of pairs the window keeps (1.0: the band costs exactly what it keeps).
 
 Batches: "uniform" lengths uniform in [1, 4096]; "long" one document of 32K
 tokens (half the batch when the total is smaller) among documents of 100-500;
@@ -66,6 +70,7 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--window", type=int, default=0)
     args = parser.parse_args()
     e, h = args.head_dim, args.heads
     flash4 = fa4()
@@ -74,6 +79,7 @@ def main():
     print("| batch | tokens | seqs | longest | causal | mode | PyTorch | ours | ours dense | FA4 | ours / PyTorch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(0)
+    windows = []
     for total in map(int, args.total.split(",")):
         for kind in args.batches.split(","):
             lens = lengths(kind, total, gen)
@@ -129,6 +135,26 @@ def main():
                     cells = [f"{best[n]:.0f}" if n in best else "-" for n in ("PyTorch", "ours", "ours dense", "FA4")]
                     print(f"| {kind} | {tokens} | {len(lens)} | {longest} | {causal} | {mode} | {' | '.join(cells)} | "
                           f"{best['ours'] / best['PyTorch']:.2f} |", flush=True)
+                    if args.window and causal:
+                        w = args.window
+
+                        def banded():
+                            step(lambda: ops.varlen_fwd(q, k, v, cu, cu, longest, longest, None, True,
+                                                        pinned.family, pinned.backward_family, w, 0)[0])
+                        times = {}
+                        for _ in range(args.rounds):
+                            for name, fn in (("causal", ours), ("window", banded)):
+                                times[name] = min(times.get(name, 1e9), timed(fn, args.reps, args.warmup))
+                        kept = sum(n * (n + 1) // 2 if n <= w + 1 else (w + 1) * (w + 2) // 2 + (n - w - 1) * (w + 1)
+                                   for n in lens) / sum(n * (n + 1) // 2 for n in lens)
+                        windows.append(f"| {kind} | {tokens} | {mode} | {times['causal'] * 1e3:.2f} | "
+                                       f"{times['window'] * 1e3:.2f} | {kept:.3f} | "
+                                       f"{times['window'] / (times['causal'] * kept):.2f} |")
+    if windows:
+        print(f"\n| batch | tokens | mode | causal ms | window ({args.window}, 0) ms | pairs kept | "
+              "window / (causal x kept) |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(windows))
 
 
 if __name__ == "__main__":
