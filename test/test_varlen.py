@@ -201,6 +201,24 @@ def test_explain_varlen_says_what_enable_would_do():
         assert "window (16, 0)" in windowed.reason and "causal" not in windowed.reason
 
 
+def test_explain_reads_nested_jagged_sdpa_as_the_packed_call():
+    """tfb.explain on nested jagged tensors: the decision for the packed call
+    SDPA's flash backend makes of them (here on the CPU route, whose ops read
+    packed batches too), and why not where it cannot."""
+    g = torch.Generator().manual_seed(0)
+
+    def jagged(e=64):
+        parts = [torch.randn(n, 4, e, generator=g) for n in (37, 1, 300)]
+        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
+
+    q, k, v = jagged(), jagged(), jagged()
+    with testing.route_cpu():
+        d = tfb.explain(q, k, v, is_causal=True)
+        assert d.served and "packed batch of 3 sequences" in d.reason and "bottom-right" in d.reason, d
+        assert "must all be nested" in tfb.explain(q, k, v.values().unsqueeze(0).transpose(1, 2)).reason
+        assert "attn_mask" in tfb.explain(q, k, v, attn_mask=torch.ones(1, dtype=torch.bool)).reason
+
+
 def test_the_switch_sits_in_front_of_pytorchs_packed_kernels():
     """The package's switch (_provider.py) is the CUDA kernel of the two flash
     ops that packed batches reach, with the provider hook off too."""

@@ -345,13 +345,29 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     SDPA: <reason>", and has .served, .kernel and .reason. For a served masked
     call, .tiles_skipped is the share of the forward kernel's tiles the mask
     hides entirely (which the kernel skips); it reads the mask (a device sync).
+    Nested jagged tensors (torch.nested, layout=torch.jagged): the decision for
+    the packed call SDPA's flash backend makes of them (explain_varlen's; their
+    longest length may be read from the device).
     """
+    if any(isinstance(t, torch.Tensor) and t.is_nested for t in (q, k, v)):
+        return _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale)
     attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "explain")
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
     if (decision.served and attn_mask is not None and q.device.type == "cuda"
             and type(attn_mask) is torch.Tensor):
         decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))
     return decision
+
+
+def _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale):
+    if not all(isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged for t in (q, k, v)):
+        return _router._fallback("q, k and v must all be nested tensors of layout torch.jagged, or none")
+    if attn_mask is not None:
+        return _router._fallback("attn_mask with nested jagged inputs: PyTorch's SDPA takes none there")
+    from torch.nested._internal.sdpa import _sdpa_nested_preprocessing
+    q_t, k_t, v_t, cu_q, cu_k, max_q, max_k, _ = _sdpa_nested_preprocessing(q, k, v)
+    return _router.decide_varlen(q_t, k_t, v_t, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, scale,
+                                 needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
 
 
 def explain_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
