@@ -68,7 +68,8 @@ FAMILIES = (
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
                    "-gencode=arch=compute_90,code=compute_90"),
         cmake_archs="80-real;90-real;90-virtual",
-        stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",),
+        # Per-sequence lengths (a packed batch of short queries, seqused_k) through params.h's accessors.
+        stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",), seqlens=("fwd",),
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(

@@ -96,6 +96,30 @@ def test_cuda_other_sequences_values_never_reach_a_sequence(family):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("used", [False, True])
+def test_cuda_decode_reads_packed_short_queries(head_dim, is_causal, used):
+    """The decode family on a packed batch of short queries (0-16 per sequence,
+    keys 0-700, GQA), bottom-right per sequence, with and without seqused_k:
+    within twice PyTorch's bf16 error against float64; the rows no sequence
+    covers are 0."""
+    _cuda()
+    lens_q, lens_k = [1, 0, 16, 3, 9, 1, 5], [200, 7, 700, 0, 64, 33, 5]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq=8, hkv=2, e=head_dim, dtype=torch.bfloat16, spare_q=3, seed=12)
+    seqused = torch.tensor([150, 7, 700, 0, 1, 33, 2], dtype=torch.int32) if used else None
+    out, lse = ops.varlen_fwd(q.cuda(), k.cuda(), v.cuda(), cu_q.cuda(), cu_k.cuda(), max(lens_q), max(lens_k), None,
+                              is_causal, "decode", seqused_k=None if seqused is None else seqused.cuda())
+    ref, ref_lse = reference(q, k, v, cu_q, cu_k, is_causal, used=seqused)
+    floor = (ref.to(torch.bfloat16).double() - ref).abs().max().item()
+    assert (out.cpu().double() - ref).abs().max().item() <= 2 * floor + 1e-2
+    finite = ref_lse.isfinite()
+    assert torch.equal(lse.cpu().isfinite(), finite)
+    torch.testing.assert_close(lse.cpu().double()[finite], ref_lse[finite], atol=2e-2, rtol=1e-3)
+    assert (out[-3:] == 0).all()
+
+
+@pytest.mark.gpu
 def test_cuda_families_say_what_they_cannot():
     _cuda()
     q, k, v, cu_q, cu_k = (t.cuda() for t in packed(LENS_Q, LENS_K, e=64, dtype=torch.bfloat16))
@@ -104,8 +128,8 @@ def test_cuda_families_say_what_they_cannot():
     with pytest.raises(RuntimeError, match="family is None"):
         ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40)
     out, lse = ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "sm80")
-    with pytest.raises(RuntimeError, match="family='decode' has no forward kernel"):
-        ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "decode")
+    with pytest.raises(RuntimeError, match="family='decode' cannot run these inputs"):
+        ops.varlen_fwd(q, k, v, cu_q, cu_k, 33, 40, None, False, "decode")  # queries past its 16
     with pytest.raises(RuntimeError, match=r"lse must be a float32 tensor of shape \(4, 65\)"):
         ops.varlen_bwd(out, q, k, v, out, lse[:, :-1], cu_q, cu_k, 33, 40, None, False, "sm80")
 

@@ -150,8 +150,9 @@ def test_router_decides_packed_batches():
     with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=["decode_fwd_bf16_hdim64"]):
         q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
         cu = torch.empty(3, dtype=torch.int32, device="cuda")
-        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
-        assert not d.served and "packed variable-length batch: no forward" in d.reason, d
+        # The decode family reads short queries of a packed batch, and no longer ones.
+        assert _router.decide_varlen(q, q, q, cu, cu, 8, 50).kernel == "decode_fwd_bf16_hdim64"
+        assert not _router.decide_varlen(q, q, q, cu, cu, 40, 50).served
     with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=["sm90_fwd_bf16_hdim64"]):
         q = torch.empty(70, 8, 64, dtype=torch.bfloat16, device="cuda")
         cu = torch.empty(3, dtype=torch.int32, device="cuda")
@@ -172,6 +173,9 @@ def test_router_decides_packed_batches():
                 records.add(kernel)
             return frozenset(records)
 
+        _router.probe.kernels = lambda: reading_none("sm90_fwd", "sm80_fwd")
+        d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)
+        assert not d.served and "packed variable-length batch: no forward" in d.reason, d
         # Where the chip's first family reads none, enable() leaves it to PyTorch and strict takes the next.
         _router.probe.kernels = lambda: reading_none("sm90_fwd", "sm90_bwd")
         d = _router.decide_varlen(q, q, q, cu, cu, 40, 50)

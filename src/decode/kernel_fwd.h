@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   // Q: 16 rows, those past the call's zero (their results are dropped).
   for (int i = tid; i < kTileRows * kChunks; i += kThreads) {
     const int r = row0 + i / kChunks, c = i % kChunks;
-    const bool valid = r < rows.count;
-    const Element* src = static_cast<const Element*>(p.q) + int64_t(batch) * p.q_batch_stride +
+    const bool valid = r < rows.count && rows.position(r) < len_q;  // a packed batch's shorter sequence: fewer
+    const Element* src = static_cast<const Element*>(p.q) + p.q_offset(batch) +
                          (valid ? int64_t(rows.head_q(head_kv, r)) * p.q_head_stride +
                                       int64_t(rows.position(r)) * p.q_row_stride
                                 : 0) +
@@ -247,10 +247,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   };
   auto tile_key0 = [&](int t) { return split_begin + tile_index(t) * kTileKeys; };
 
-  const Element* k_head = static_cast<const Element*>(p.k) + int64_t(batch) * p.k_batch_stride +
-                          int64_t(head_kv) * p.k_head_stride;
-  const Element* v_head = static_cast<const Element*>(p.v) + int64_t(batch) * p.v_batch_stride +
-                          int64_t(head_kv) * p.v_head_stride;
+  const Element* k_head = static_cast<const Element*>(p.k) + p.k_offset(batch) + int64_t(head_kv) * p.k_head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v) + p.v_offset(batch) + int64_t(head_kv) * p.v_head_stride;
   Element* const ring = q_smem + S::kQElems + warp * S::kWarpElems;
   auto k_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems; };
   auto v_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems + S::kTileElems; };
@@ -440,9 +438,10 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
     // l_all is 0 for a row that sees no key of this split, NaN where a score was.
     const float value = l_all == 0.f ? 0.f : total / l_all;
     const int head_q = rows.head_q(head_kv, r), position = rows.position(r);
+    if (position >= len_q) continue;  // past a packed sequence's queries: the next one's rows
     if (splits.count == 1) {
-      Element* o_row = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride +
-                       int64_t(head_q) * p.o_head_stride + int64_t(position) * p.o_row_stride;
+      Element* o_row = static_cast<Element*>(p.o) + p.o_offset(batch) + int64_t(head_q) * p.o_head_stride +
+                       int64_t(position) * p.o_row_stride;
       o_row[c] = Element(value);
     } else {
       const int64_t row = (int64_t(split) * p.batch + batch) * p.heads_q * p.len_q + int64_t(head_q) * p.len_q + position;
@@ -452,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       const float lse = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * kLn2Float;
       const int64_t row = (int64_t(batch) * p.heads_q + head_q) * p.len_q + position;
       if (splits.count == 1) {
-        p.lse[row] = lse;
+        p.lse[p.lse_offset(batch, head_q) + position] = lse;
       } else {
         p.split_kv.lse_partial[int64_t(split) * p.batch * p.heads_q * p.len_q + row] = lse;
       }
@@ -484,11 +483,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ con
   const int position = int(row % p.len_q);
   const int head_q = int((row / p.len_q) % p.heads_q);
   const int batch = int(row / (int64_t(p.len_q) * p.heads_q));
-  Element* o = static_cast<Element*>(p.o) + int64_t(batch) * p.o_batch_stride + int64_t(head_q) * p.o_head_stride +
+  if (position >= p.seqlen_q(batch)) return;  // past a packed sequence's queries: the next one's rows
+  Element* o = static_cast<Element*>(p.o) + p.o_offset(batch) + int64_t(head_q) * p.o_head_stride +
                int64_t(position) * p.o_row_stride + lane * kCols;
 #pragma unroll
   for (int c = 0; c < kCols; ++c) o[c] = Element(total == 0.f ? 0.f : out[c] / total);
-  if (lane == 0) p.lse[row] = total == 0.f ? -INFINITY : ref + logf(total);
+  if (lane == 0) p.lse[p.lse_offset(batch, head_q) + position] = total == 0.f ? -INFINITY : ref + logf(total);
 }
 
 }  // namespace tfb::decode
