@@ -58,7 +58,7 @@ cudaError_t run_bwd(const AttnBwdParams& params, DType dtype, cudaStream_t strea
 namespace decode {
 
 // The split-KV forward for short queries: at most 256 query rows per kv head
-// (the group's heads times the query length), uniform lengths.
+// (the group's heads times the longest query), lengths per batch too.
 bool has_fwd(DType dtype, int head_dim);
 bool can_run_fwd(const AttnFwdParams& params);
 size_t fwd_workspace_bytes(const AttnFwdParams& params);  // the splits' partial outputs
