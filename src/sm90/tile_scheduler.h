@@ -47,6 +47,7 @@ struct WorkTile {
 
 // One query tile of one sequence of a packed batch, whose tensors are
 // (total rows, dim, head, 1): the sequence starts q_row0 (k_row0) rows in.
+// The backward's CTA holds one for its sequence's rows (m_block unused).
 struct PackedTile {
   int m_block, head, batch;
   int q_row0, len_q, k_row0, len_k;
