@@ -83,16 +83,17 @@ bool layout_ok(const AttnFwdParams& p) {
 
 bool per_batch_lengths(const AttnFwdParams& p) { return p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k; }
 
-// The smallest query tile of the forward's instantiations for this head dim,
-// whose tile list is the longest (0: none built).
-int smallest_fwd_rows(int head_dim) {
-  int rows = 0;
+// The smallest of a pass's tile sides (TileShape::rows or ::keys) over the
+// dtypes built for this head dim, whose tile list is the longest (0: none built).
+int smallest_side(TileShape (*tile_of)(DType, int), int TileShape::*side, int head_dim) {
+  int smallest = 0;
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    const TileShape tile = tile_fwd(dtype, head_dim);
-    if (tile.rows > 0 && (rows == 0 || tile.rows < rows)) rows = tile.rows;
+    const int n = tile_of(dtype, head_dim).*side;
+    if (n > 0 && (smallest == 0 || n < smallest)) smallest = n;
   }
-  return rows;
+  return smallest;
 }
+int smallest_fwd_rows(int head_dim) { return smallest_side(&tile_fwd, &TileShape::rows, head_dim); }
 
 // A packed batch has both offsets (and seqused_k, maybe); lengths per batch
 // without offsets (seqused_k alone) are not one.
@@ -155,11 +156,7 @@ bool can_run_bwd(const AttnBwdParams& p) {
 // or a packed batch's list of key tiles (launch.h bwd_list_offset).
 size_t bwd_workspace_bytes(const AttnBwdParams& params) {
   if (packed(params) && !params.deterministic) {
-    int keys = 0;  // the narrowest key tile's list is the longest
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-      const TileShape tile = tile_bwd(dtype, params.head_dim);
-      if (tile.keys > 0 && (keys == 0 || tile.keys < keys)) keys = tile.keys;
-    }
+    const int keys = smallest_side(&tile_bwd, &TileShape::keys, params.head_dim);
     if (keys > 0) return bwd_list_offset(params) + tile_list_bytes(params, keys, TileAxis::kKeys);
   }
   size_t bytes = 0;
