@@ -15,6 +15,7 @@ import contextlib
 import glob
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import threading
@@ -211,7 +212,7 @@ def _ninja_per_source(arch_of, order):
 # Seconds each (family, pass) instantiation file took on two cores, cold
 # (scripts/compile_times.py), for the order below: the costliest start first.
 _COMPILE_SECONDS = {("sm80", "bwd"): 85, ("sm80", "fwd"): 70, ("sm90", "fwd"): 65, ("sm90", "bwd"): 47,
-                    ("decode", "fwd"): 20}
+                    ("decode", "fwd"): 20, ("sm90", "fwd_fp8"): 30}
 _WIDE_MMA_SECONDS = 45  # sm90's head dim 256 forward (80-key tiles) on top
 
 
@@ -221,8 +222,8 @@ def _costliest_first(head_dims, families):
     files = []
     for fam in families:
         for path in _instantiations(fam, head_dims):
-            pass_, dim = os.path.basename(path).split("_")[:2]
-            dim = int(dim[len("hdim"):])
+            pass_, dim = re.match(r"(.+)_hdim(\d+)_", os.path.basename(path)).groups()
+            dim = int(dim)
             cost = _COMPILE_SECONDS.get((fam.name, pass_), 60) + (_WIDE_MMA_SECONDS if (pass_, dim) in fam.wide_mma
                                                                    else 0)
             files.append((-cost, -dim, path, fam))

@@ -110,6 +110,19 @@ TORCH_LIBRARY(torch_flash_backend, m) {
       "varlen_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seq_q,"
       " Tensor cu_seq_k, int max_q, int max_k, float? scale=None, bool is_causal=False, str? family=None,"
       " int window_left=-1, int window_right=-1, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // FP8 attention (PyTorch's quantized flash ops): float8_e4m3fn q, k, v as
+  // fwd / varlen_fwd take them, float32 descales of shape (batch, kv heads)
+  // (none: 1) that turn the stored values into the meant ones, q's and k's
+  // folded into the scores' scale and v's into O; O in bfloat16, lse of the
+  // descaled scores. Forward alone; compute capability 9.0.
+  m.def(
+      "fp8_fwd(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None,"
+      " Tensor? v_descale=None, float? scale=None, bool is_causal=False, bool bottom_right=False)"
+      " -> (Tensor out, Tensor lse)");
+  m.def(
+      "fp8_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k,"
+      " Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, float? scale=None,"
+      " bool is_causal=False, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
   // An SDPA call inside enable(): served by fwd or passed to PyTorch's SDPA, as
   // torch_flash_backend/_enable.py decides (its Python kernel); csrc/routing.cpp
   // sends aten::scaled_dot_product_attention here.

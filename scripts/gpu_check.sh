@@ -13,7 +13,7 @@
 # --check).
 # The tests step runs pytest with $TEST_ARGS (default -m gpu) over $TEST_PATHS
 # (default: the whole test directory; e.g. TEST_PATHS="test/test_cuda_masks.py").
-# SANITIZE_GRID names a grid of scripts/sanitize_small.py (sm80, default, windows, varlen,
+# SANITIZE_GRID names a grid of scripts/sanitize_small.py (sm80, default, windows, varlen, fp8,
 # decode, masks) for the sanitize step (default: the sm80 and default passes).
 # A build made on another machine against the same torch can be carried in
 # torch_flash_backend/lib/; without one, the script builds here (needs the

@@ -221,6 +221,35 @@ def varlen(head_dims):
     torch.cuda.synchronize()
 
 
+def fp8():
+    """The FP8 forward (fp8_fwd / fp8_varlen_fwd): every built head dim, causal
+    and not, GQA, L != S, odd lengths, descales and none, packed batches with
+    empty sequences, a wrong offset (clamped inside the tensors)."""
+    torch.manual_seed(0)
+    dims = sorted(k.head_dim for k in tfb.built_kernels() if k.dtype == "fp8")
+    f8 = torch.float8_e4m3fn
+    lens_q, lens_k = [0, 130, 1, 77, 300, 5], [9, 200, 0, 77, 257, 70]
+    cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+          for lens in (lens_q, lens_k)]
+    for e in dims:
+        for (b, hq, hkv, length, s) in ((2, 4, 2, 17, 300), (1, 4, 4, 300, 67), (1, 2, 1, 257, 1000)):
+            q = torch.randn(b, length, hq, e, device="cuda").to(f8).transpose(1, 2)
+            k = torch.randn(b, hkv, s, e, device="cuda").to(f8)
+            v = torch.randn(b, hkv, s, e, device="cuda").to(f8)
+            d = torch.rand(b, hkv, device="cuda")
+            for causal in (False, True):
+                ops.fp8_fwd(q, k, v, d, d, d, None, causal, True)
+            ops.fp8_fwd(q, k, v)
+        q = torch.randn(sum(lens_q) + 3, 8, e, device="cuda").to(f8)
+        k = torch.randn(sum(lens_k), 2, e, device="cuda").to(f8)
+        d = torch.rand(len(lens_q), 2, device="cuda")
+        for causal in (False, True):
+            ops.fp8_varlen_fwd(q, k, k, *cu, max(lens_q), max(lens_k), d, d, d, None, causal)
+        ops.fp8_varlen_fwd(q, k, k, cu[0], cu[1] + 5000, max(lens_q), max(lens_k), d, d, d, None, True)
+    torch.cuda.synchronize()
+    return dims
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -241,6 +270,9 @@ def main():
         dims = [int(e) for e in sys.argv[2].split(",")] if len(sys.argv) > 2 else head_dims + [32, 256]
         varlen(dims)
         print(f"sanitize grid ran: varlen, head dims {dims}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "fp8":  # the FP8 grid alone
+        print(f"sanitize grid ran: fp8, head dims {fp8()}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "masks":  # the masked grid alone
         masks(head_dims)

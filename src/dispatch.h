@@ -33,7 +33,25 @@ bool visit_instantiation(DType dtype, int head_dim, Fn&& fn) {
         ...);
     return found;
   };
+  if (dtype == DType::kFloat8E4M3) return false;  // visit_fp8_instantiation's
   return dtype == DType::kFloat16 ? with_element(cutlass::half_t{}) : with_element(cutlass::bfloat16_t{});
+}
+
+// The same over a family's fp8_head_dims (e4m3 inputs): fn(cutlass::float_e4m3_t{}, E).
+template <int... kHeadDims, typename Fn>
+bool visit_fp8_instantiation(int head_dim, Fn&& fn) {
+  bool found = false;
+  (
+      [&] {
+        if constexpr (head_dim_built(kHeadDims)) {
+          if (head_dim == kHeadDims) {
+            fn(cutlass::float_e4m3_t{}, std::integral_constant<int, kHeadDims>{});
+            found = true;
+          }
+        }
+      }(),
+      ...);
+  return found;
 }
 
 // The launch of the instantiation visit_instantiation finds: launch(Element{},

@@ -52,8 +52,8 @@ def kernel_list_h() -> str:
                  for f in registry.FAMILIES),
              ""]
     for f in registry.FAMILIES:
-        for p in f.passes:
-            lines.append(f"#define TFB_{f.name.upper()}_{p.upper()}_HEAD_DIMS {', '.join(map(str, f.dims(p)))}")
+        for p, dims in registry.passes_with_fp8(f):
+            lines.append(f"#define TFB_{f.name.upper()}_{p.upper()}_HEAD_DIMS {', '.join(map(str, dims))}")
     lines.append(f"#define TFB_HEAD_DIMS_ALL {', '.join(map(str, registry.HEAD_DIMS))}")
     lines += ["", "// The boundary each family's inputs start on (registry align_bytes), and the largest."]
     lines += [f"#define TFB_{f.name.upper()}_ALIGN_BYTES {f.align_bytes}" for f in registry.FAMILIES]
@@ -90,15 +90,18 @@ def generate(out_root: pathlib.Path) -> None:
     for f in registry.FAMILIES:
         out = out_root / f.name / "instantiations"
         out.mkdir(parents=True, exist_ok=True)
-        wanted = {out_root / registry.instantiation_file(f.name, p, d): (p, d) for p in f.passes for d in f.dims(p)}
+        wanted = {out_root / registry.instantiation_file(f.name, p, d): (p, d)
+                  for p, dims in registry.passes_with_fp8(f) for d in dims}
         for stale in out.glob("*.cu"):
             if stale not in wanted:
                 stale.unlink()
         for path, (p, d) in wanted.items():
-            instances = "".join(INSTANCE.format(pass_=p, Pass=p.capitalize(), element=element, head_dim=d)
-                                for element in registry.DTYPES.values())
+            # The fp8 files hold the forward's launcher for e4m3 inputs.
+            pass_, elements = ("fwd", [registry.FP8_DTYPE]) if p == registry.FP8_PASS else (p, registry.DTYPES.values())
+            instances = "".join(INSTANCE.format(pass_=pass_, Pass=pass_.capitalize(), element=element, head_dim=d)
+                                for element in elements)
             prelude = WIDE_MMA if (p, d) in f.wide_mma else ""
-            _write(path, TEMPLATE.format(prelude=prelude, family=f.name, pass_=p, instances=instances))
+            _write(path, TEMPLATE.format(prelude=prelude, family=f.name, pass_=pass_, instances=instances))
     _write(out_root / "kernel_list.h", kernel_list_h())
     _write(out_root / "kernels.cmake", kernels_cmake())
 

@@ -103,6 +103,18 @@ struct SplitKV {
   float* lse_partial = nullptr;  // (splits, B, Hq, L)
 };
 
+// FP8 inputs' descales: the float32 factors that turn the stored values back
+// into the ones meant, one per (batch, kv head) for each of q, k and v (null:
+// 1). The kernels fold q's and k's into the scores' scale and v's into O.
+struct Descale {
+  const float* ptr = nullptr;
+  int64_t batch_stride = 0, head_stride = 0;
+  TFB_PARAMS_HD float at(int b, int kv_head) const { return ptr ? ptr[b * batch_stride + kv_head * head_stride] : 1.f; }
+};
+struct Descales {
+  Descale q, k, v;
+};
+
 struct AttnFwdParams {
   const void* q;  // (B, Hq, L, E)
   const void* k;  // (B, Hkv, S, E)
@@ -121,6 +133,7 @@ struct AttnFwdParams {
   int len_q;     // L >= 1 (the longest batch's with seqlens.cu_q); per batch: seqlen_q(b)
   int len_k;     // S >= 1 (likewise); per batch: seqlen_k(b)
   int head_dim;  // E (q, k and v share it)
+  int element_bytes = 2;  // q, k and v's: 2, or 1 for FP8 (e4m3) inputs, whose O is bfloat16
 
   float scale;       // softmax scale applied to q.k
   float scale_log2;  // scale * log2(e), the kernels using exp2; at least FLT_MIN in magnitude
@@ -136,6 +149,7 @@ struct AttnFwdParams {
   SeqLens seqlens;
   MaskArgs mask;
   SplitKV split_kv;
+  Descales descales;  // FP8 inputs alone
 
   // Batch b's query and key lengths: kernels read lengths through these.
   TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.q(b, len_q); }
@@ -173,6 +187,6 @@ struct AttnBwdParams : AttnFwdParams {
   bool deterministic;
 };
 
-enum class DType { kFloat16, kBFloat16 };
+enum class DType { kFloat16, kBFloat16, kFloat8E4M3 };
 
 }  // namespace tfb

@@ -10,6 +10,7 @@ for its source lists and nvcc flags. Plain Python: no torch, no CUDA.
 import dataclasses
 
 DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+FP8_DTYPE = "cutlass::float_e4m3_t"  # a family's fp8_head_dims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Family:
     # the extra atoms are ~150K lines that cost every file including them ~38 s
     # of front end (cudafe++ and cicc each parse them).
     wide_mma: tuple[tuple[str, int], ...] = ()
+    # Head dims of a forward with float8_e4m3fn inputs and a bfloat16 output
+    # (PyTorch's quantized flash ops), files fwd_fp8_hdim<d>_<family>.cu.
+    fp8_head_dims: tuple[int, ...] = ()
 
     def dims(self, pass_: str) -> tuple[int, ...]:
         """The head dims of one pass."""
@@ -82,7 +86,7 @@ FAMILIES = (
         # The backward reads a boolean mask alone (sm80's serves additive ones).
         # The forward reads packed batches from a tile list, the backward over the longest sequence's key tiles.
         stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",), windows=("fwd", "bwd"),
-        seqlens=("fwd", "bwd"),
+        seqlens=("fwd", "bwd"), fp8_head_dims=(64, 128, 256),
         doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; reads attn_mask (the backward a boolean one)",
     ),
     Family(
@@ -109,8 +113,17 @@ def instantiation_file(family_name: str, pass_: str, head_dim: int) -> str:
     return f"{family_name}/instantiations/{pass_}_hdim{head_dim}_{family_name}.cu"
 
 
+FP8_PASS = "fwd_fp8"  # the file name's pass of fp8_head_dims
+
+
+def passes_with_fp8(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
+    """(file pass, head dims) of every instantiation file kind the family has."""
+    return [(p, fam.dims(p)) for p in fam.passes] + ([(FP8_PASS, fam.fp8_head_dims)] if fam.fp8_head_dims else [])
+
+
 def instantiation_files(fam: Family, head_dims=None) -> list[str]:
     """The family's files, backward before forward, larger head dims first
     (setup.py orders every family's files together by their compile cost)."""
-    keys = [(p != "bwd", -d, p, d) for p in fam.passes for d in fam.dims(p) if head_dims is None or d in head_dims]
+    keys = [(p != "bwd", -d, p, d) for p, dims in passes_with_fp8(fam) for d in dims
+            if head_dims is None or d in head_dims]
     return [instantiation_file(fam.name, p, d) for *_, p, d in sorted(keys)]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import _router, _stats
+from . import _fp8, _router, _stats
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from ._causal import CausalBias, bottom_right_of, causal_flags, lower_right
 
@@ -347,8 +347,11 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     hides entirely (which the kernel skips); it reads the mask (a device sync).
     Nested jagged tensors (torch.nested, layout=torch.jagged): the decision for
     the packed call SDPA's flash backend makes of them (explain_varlen's; their
-    longest length may be read from the device).
+    longest length may be read from the device). float8_e4m3fn q, k, v: the
+    decision for _scaled_dot_product_attention_quantized's call (the FP8 kernel).
     """
+    if isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8:
+        return _fp8.decide(q, k, v, dropout_p, is_causal)
     if any(isinstance(t, torch.Tensor) and t.is_nested for t in (q, k, v)):
         return _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale)
     attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "explain")

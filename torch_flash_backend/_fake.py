@@ -51,3 +51,31 @@ def _varlen_bwd_fake(grad_out, q, k, v, out, lse, cu_seq_q, cu_seq_k, max_q, max
     check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k)
     check_band(None, is_causal, window_left, window_right)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _check_fp8(q, k, v, descales, batch, heads_kv):
+    torch._check(q.dtype == torch.float8_e4m3fn, lambda: f"FP8 attention takes float8_e4m3fn q, k, v, got {q.dtype}")
+    torch._check(k.dtype == q.dtype and v.dtype == q.dtype, lambda: "q, k and v must share one dtype")
+    for name, d in descales.items():
+        if d is not None:
+            torch._check(d.dtype == torch.float32, lambda name=name, d=d: f"{name} must be float32, got {d.dtype}")
+            torch._check(d.dim() == 2 and d.size(0) == batch and d.size(1) == heads_kv,
+                         lambda name=name, d=d: f"{name} must have shape (batch, kv heads) = ({batch}, {heads_kv}), "
+                                                f"got {tuple(d.shape)}")
+
+
+@torch.library.register_fake("torch_flash_backend::fp8_fwd")
+def _fp8_fwd_fake(q, k, v, q_descale=None, k_descale=None, v_descale=None, scale=None, is_causal=False,
+                  bottom_right=False):
+    b, h, length, e = q.shape
+    _check_fp8(q, k, v, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}, b, k.size(1))
+    out = q.new_empty((b, length, h, e), dtype=torch.bfloat16).transpose(1, 2)
+    return out, q.new_empty((b, h, length), dtype=torch.float32)
+
+
+@torch.library.register_fake("torch_flash_backend::fp8_varlen_fwd")
+def _fp8_varlen_fwd_fake(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, q_descale=None, k_descale=None, v_descale=None,
+                         scale=None, is_causal=False, seqused_k=None):
+    _check_fp8(q, k, v, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale},
+               cu_seq_q.size(0) - 1, k.size(1))
+    return q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)

@@ -15,7 +15,10 @@ active, the provider's kernels serve; else, inside enable(), a packed forward
 runs ours (or PyTorch's, or raises under strict=True), as does the backward of
 a forward ours served, wherever autograd runs it; every other call goes on to
 PyTorch's kernel (one Python call on the way, a few microseconds). The provider
-overrides the other two ops (the SDPA flash ops) itself.
+overrides the other two ops (the SDPA flash ops) itself. The switch also
+fronts the FP8 (.quantized) overloads of _flash_attention_forward and
+_scaled_dot_product_flash_attention, which _fp8.py serves with the provider
+active or inside enable().
 
 Outputs take the strides of the ops' meta functions (empty_like of the inputs),
 which compiled graphs assert on; that costs a copy only when an input is not in
@@ -31,7 +34,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn import attention as _attention
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
-from . import _router, _stats
+from . import _fp8, _router, _stats
 from ._checks import kernel_friendly
 from ._library import reads_stride0
 
@@ -43,6 +46,8 @@ NAME = "torch_flash_backend"
 # The switch's ops (from import on), then the ops the provider overrides when active.
 _SWITCH_OPS = ("_flash_attention_forward", "_flash_attention_backward")
 _OPS = _SWITCH_OPS + ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward")
+# Their FP8 overloads (_fp8.py), switched from import on as well.
+_QUANTIZED_OPS = ("_flash_attention_forward", "_scaled_dot_product_flash_attention")
 
 _active_handles = 0  # provider handles registered and not yet removed
 
@@ -69,6 +74,8 @@ def _forget_dispatch() -> None:
     # The Python dispatcher caches each op's kernel per dispatch key.
     for name in _OPS:
         getattr(torch.ops.aten, name).default._dispatch_cache.clear()
+    for name in _QUANTIZED_OPS:
+        getattr(torch.ops.aten, name).quantized._dispatch_cache.clear()
 
 
 def _window(left, right) -> tuple[int, int]:
@@ -343,12 +350,32 @@ def _install_switch() -> torch.library.Library:
                 return grads
         return pytorch["_flash_attention_backward"].call_boxed(keyset, *args, rng_state, unused, **kwargs)
 
+    quantized = {name: torch.library.get_kernel(f"aten::{name}.quantized", "CUDA") for name in _QUANTIZED_OPS}
+
+    def fp8(serve, name):
+        # With the provider active, or inside enable(): the FP8 kernel where it can (strict: or raise).
+        def kernel(keyset, *args, **kwargs):
+            from . import _enable  # imports this module
+            strict = None if active() else _enable.routing_strictness()
+            if active() or strict is not None:
+                outputs, decision = serve(*args, **kwargs)
+                if outputs is not None:
+                    return outputs
+                if strict:
+                    raise _enable.UnsupportedError(decision.reason)
+            return quantized[name].call_boxed(keyset, *args, **kwargs)
+        return kernel
+
     lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
     with warnings.catch_warnings():
         # Overriding PyTorch's kernels is the point; the dispatcher warns about it once.
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         lib.impl("_flash_attention_forward", forward, "CUDA", with_keyset=True)
         lib.impl("_flash_attention_backward", backward, "CUDA", with_keyset=True)
+        lib.impl("_flash_attention_forward.quantized", fp8(_fp8.serve_forward, "_flash_attention_forward"), "CUDA",
+                 with_keyset=True)
+        lib.impl("_scaled_dot_product_flash_attention.quantized",
+                 fp8(_fp8.serve_sdpa, "_scaled_dot_product_flash_attention"), "CUDA", with_keyset=True)
     _forget_dispatch()
     return lib
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 #include <torch/library.h>
 
+#include "api.h"
 #include "checks.h"
 #include "common/packed_rows.h"
 #include "device.h"
@@ -235,6 +236,93 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_bwd_cuda(
   return {dq, dk, dv};
 }
 
+// FP8 (e4m3) inputs: the sm90 family's FP8 forward alone runs them, O in
+// bfloat16. A descale is a float32 (batch, kv heads) tensor, read in place
+// with its strides; none reads as 1.
+Descale check_descale(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& q, int64_t batch,
+                      int64_t heads_kv) {
+  const at::Tensor* d = present(t);
+  if (!d) return {};
+  TORCH_CHECK(d->scalar_type() == at::kFloat, name, " must be float32, got ", d->scalar_type());
+  TORCH_CHECK(d->device() == q.device(), name, " is on ", d->device(), " but q is on ", q.device());
+  TORCH_CHECK(d->layout() == at::kStrided && d->dim() == 2 && d->size(0) == batch && d->size(1) == heads_kv, name,
+              " must have shape (batch, kv heads) = (", batch, ", ", heads_kv, "), got ", d->sizes());
+  return {d->data_ptr<float>(), d->stride(0), d->stride(1)};
+}
+
+void check_fp8_inputs(const at::Tensor& q, const DeviceInfo& info, int64_t head_dim) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat8_e4m3fn, "FP8 attention takes float8_e4m3fn q, k, v, got ",
+              q.scalar_type());
+  TORCH_CHECK(info.major == 9 && info.minor == 0, "FP8 attention runs on compute capability 9.0 (Hopper); device ",
+              q.device(), " has ", info.major, ".", info.minor);
+  TORCH_CHECK(sm90::has_fwd(DType::kFloat8E4M3, static_cast<int>(head_dim)),
+              "FP8 attention has no kernel for head_dim ", head_dim, " in this build (registry fp8_head_dims)");
+}
+
+// Runs the sm90 FP8 forward on filled params (their element size set here).
+void launch_fp8(AttnFwdParams& p, const at::Tensor& q, Descales descales) {
+  p.element_bytes = 1;
+  p.descales = descales;
+  TORCH_CHECK(sm90::can_run_fwd(p), "FP8 attention needs q, k, v and out 16-byte aligned with strides (but the "
+              "last) of nonzero multiples of 16 bytes");
+  at::Tensor workspace;
+  if (const size_t bytes = sm90::fwd_workspace_bytes(p)) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+  }
+  const cudaError_t err = sm90::run_fwd(p, DType::kFloat8E4M3, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend sm90_fwd_fp8_hdim", p.head_dim,
+              " launch failed: ", cudaGetErrorString(err));
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const std::optional<at::Tensor>& q_descale,
+                                                const std::optional<at::Tensor>& k_descale,
+                                                const std::optional<at::Tensor>& v_descale,
+                                                std::optional<double> scale, bool is_causal, bool bottom_right) {
+  const AttnShape s = check_qkv(q, k, v);
+  const Descales descales{check_descale(q_descale, "q_descale", q, s.batch, s.heads_kv),
+                          check_descale(k_descale, "k_descale", q, s.batch, s.heads_kv),
+                          check_descale(v_descale, "v_descale", q, s.batch, s.heads_kv)};
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options().dtype(at::kBFloat16));
+  at::Tensor lse = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
+  if (is_empty_problem(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
+  const DeviceInfo& info = check_cuda_device(q);
+  check_fp8_inputs(q, info, s.head_dim);
+  check_vector_aligned(q, "q");
+  check_vector_aligned(k, "k");
+  check_vector_aligned(v, "v");
+  AttnFwdParams p{};
+  fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
+  fill_mask(p, at::Tensor(), mask_args(false, is_causal, bottom_right, -1, -1));
+  launch_fp8(p, q, descales);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_varlen_fwd_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seq_q,
+    const at::Tensor& cu_seq_k, int64_t max_q, int64_t max_k, const std::optional<at::Tensor>& q_descale,
+    const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale,
+    std::optional<double> scale, bool is_causal, const std::optional<at::Tensor>& seqused_k) {
+  const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
+  const Descales descales{check_descale(q_descale, "q_descale", q, s.batch, s.heads_kv),
+                          check_descale(k_descale, "k_descale", q, s.batch, s.heads_kv),
+                          check_descale(v_descale, "v_descale", q, s.batch, s.heads_kv)};
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({s.total_q, s.heads_q, s.head_dim}, q.options().dtype(at::kBFloat16));
+  at::Tensor lse = at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat));
+  if (nothing_to_compute(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
+  const DeviceInfo& info = check_cuda_device(q);
+  check_fp8_inputs(q, info, s.head_dim);
+  AttnFwdParams p{};
+  fill_varlen(p, s, q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k, scale,
+              mask_args(false, is_causal, true, -1, -1), info);
+  launch_fp8(p, q, descales);
+  clear_unwritten(p, false, {out}, lse);
+  return {out, lse};
+}
+
 }  // namespace
 }  // namespace tfb
 
@@ -243,4 +331,6 @@ TORCH_LIBRARY_IMPL(torch_flash_backend, CUDA, m) {
   m.impl("bwd", &tfb::bwd_cuda);
   m.impl("varlen_fwd", &tfb::varlen_fwd_cuda);
   m.impl("varlen_bwd", &tfb::varlen_bwd_cuda);
+  m.impl("fp8_fwd", &tfb::fp8_fwd_cuda);
+  m.impl("fp8_varlen_fwd", &tfb::fp8_varlen_fwd_cuda);
 }

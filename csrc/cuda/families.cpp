@@ -11,7 +11,9 @@
 namespace tfb {
 namespace {
 
-const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::kFloat16 ? "fp16" : dtype == DType::kBFloat16 ? "bf16" : "fp8";
+}
 
 // The registry's limits of a family (TFB_KERNEL_FAMILIES), as built_kernels() prints them.
 struct Limits {
@@ -167,7 +169,7 @@ std::vector<std::string> kernel_records() {
   std::vector<std::string> lines;
   auto add = [&](const auto& kernels) {
     for (const auto& k : kernels) {
-      for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3}) {
         for (int head_dim : {TFB_HEAD_DIMS_ALL}) {
           if (!k.has(dtype, head_dim)) continue;
           lines.push_back(k.name(dtype, head_dim) + " family=" + k.family + " pass=" + k.pass +

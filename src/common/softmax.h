@@ -110,19 +110,19 @@ struct OnlineSoftmax {
     return !kExact && large;
   }
 
-  // Normalises acc_o and returns, per row, the natural-log logsumexp of the
+  // Normalises acc_o (and scales it by out_scale: FP8's v descale) and returns, per row, the natural-log logsumexp of the
   // scaled scores: max * scale + ln(sum). A row whose sum is 0 (no visible key,
   // or every score -inf) or NaN keeps acc_o as it is and gets lse +inf, as
   // PyTorch's flash kernels do: the backward's P = exp(s - lse) is then 0 for
   // its finite scores, and NaN stays where the forward had it.
   template <class RowColO>
-  CUTE_DEVICE auto finalize_rows(RowColO& o, float scale) {
+  CUTE_DEVICE auto finalize_rows(RowColO& o, float scale, float out_scale = 1.f) {
     cute::Tensor lse = cute::make_tensor_like(row_sum);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
       const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 1.f : 1.f / sum;
+      const float inv = empty ? out_scale : out_scale / sum;
       lse(r) = empty ? INFINITY : row_max(r) * scale + __logf(sum);
 #pragma unroll
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;

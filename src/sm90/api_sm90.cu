@@ -19,6 +19,7 @@ namespace {
 template <typename Fn>
 bool visit(DType dtype, int head_dim, Fn&& fn) {
 #ifdef TFB_WITH_SM90  // the family can be left out of a build (TFB_BUILD_SM90=0)
+  if (dtype == DType::kFloat8E4M3) return visit_fp8_instantiation<TFB_SM90_FWD_FP8_HEAD_DIMS>(head_dim, fn);
   return visit_instantiation<TFB_SM90_FWD_HEAD_DIMS>(dtype, head_dim, fn);
 #else
   (void)dtype, (void)head_dim, (void)fn;
@@ -41,13 +42,17 @@ constexpr int kAlignBytes = TFB_SM90_ALIGN_BYTES;
 
 bool aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlignBytes == 0; }
 
-// TMA strides are in bytes and must be multiples of kAlignBytes (in two-byte
-// elements, half that). A dim of size 1 is never stepped along: the launcher
-// replaces its stride. Stride 0 (a broadcast made with expand) is left to sm80.
-bool stride_ok(int64_t stride, int size) { return size <= 1 || (stride > 0 && stride % (kAlignBytes / 2) == 0); }
+// TMA strides are in bytes and must be multiples of kAlignBytes (in elements
+// of `bytes`, kAlignBytes / bytes). A dim of size 1 is never stepped along:
+// the launcher replaces its stride. Stride 0 (a broadcast made with expand) is left to sm80.
+bool stride_ok(int64_t stride, int size, int bytes) {
+  return size <= 1 || (stride > 0 && stride % (kAlignBytes / bytes) == 0);
+}
 
-bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row, int heads, int rows) {
-  return stride_ok(batch, p.batch) && stride_ok(head, heads) && stride_ok(row, rows);
+// bytes: the elements' size (params.h element_bytes; O's is always 2).
+bool strides_ok(const AttnFwdParams& p, int64_t batch, int64_t head, int64_t row, int heads, int rows,
+                int bytes = 2) {
+  return stride_ok(batch, p.batch, bytes) && stride_ok(head, heads, bytes) && stride_ok(row, rows, bytes);
 }
 
 }  // namespace
@@ -75,19 +80,19 @@ namespace {
 // The layouts both passes read; per-batch lengths aside.
 bool layout_ok(const AttnFwdParams& p) {
   return aligned(p.q) && aligned(p.k) && aligned(p.v) && aligned(p.o) &&
-         strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q) &&
-         strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k) &&
-         strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k) &&
+         strides_ok(p, p.q_batch_stride, p.q_head_stride, p.q_row_stride, p.heads_q, p.len_q, p.element_bytes) &&
+         strides_ok(p, p.k_batch_stride, p.k_head_stride, p.k_row_stride, p.heads_kv, p.len_k, p.element_bytes) &&
+         strides_ok(p, p.v_batch_stride, p.v_head_stride, p.v_row_stride, p.heads_kv, p.len_k, p.element_bytes) &&
          strides_ok(p, p.o_batch_stride, p.o_head_stride, p.o_row_stride, p.heads_q, p.len_q);
 }
 
 bool per_batch_lengths(const AttnFwdParams& p) { return p.seqlens.cu_q || p.seqlens.cu_k || p.seqlens.used_k; }
 
 // The smallest of a pass's tile sides (TileShape::rows or ::keys) over the
-// dtypes built for this head dim, whose tile list is the longest (0: none built).
+// dtypes (FP8's too) built for this head dim, whose tile list is the longest (0: none built).
 int smallest_side(TileShape (*tile_of)(DType, int), int TileShape::*side, int head_dim) {
   int smallest = 0;
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat8E4M3}) {
     const int n = tile_of(dtype, head_dim).*side;
     if (n > 0 && (smallest == 0 || n < smallest)) smallest = n;
   }

@@ -18,7 +18,7 @@ namespace sm90 {
 
 template <class Traits>
 struct FwdEpilogue {
-  using Element = typename Traits::Element;
+  using Element = typename Traits::ElementOut;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDim = Traits::kHeadDim;
 
@@ -46,7 +46,7 @@ struct FwdEpilogue {
     // own buffer) or once its last Q K^T has (Q's buffer): both are its own.
     if (Traits::kSeparateO && warpgroup_thread == 0) tma_store_wait<0>();
     named_barrier_sync(barrier, 128);
-    Tensor sO = local_tile(make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutQ{}),
+    Tensor sO = local_tile(make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutO{}),
                            Shape<_64, Int<kHeadDim>>{}, make_coord(warpgroup, 0));
     Tensor o_regs = convert_fragment<Element>(acc_o);
     auto store_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::MmaPVWarpgroup{});

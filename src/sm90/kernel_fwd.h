@@ -19,6 +19,15 @@
 namespace tfb {
 namespace sm90 {
 
+template <bool kFirst, class A, class B>
+CUTE_DEVICE auto& pick(A& a, B& b) {
+  if constexpr (kFirst) {
+    return a;
+  } else {
+    return b;
+  }
+}
+
 // kPacked: a packed batch (params.h SeqLens), its tiles from a list
 // (PackedTileScheduler) and each sequence's band built from its lengths.
 template <class Traits, class Policy, bool kPacked>
@@ -37,12 +46,31 @@ struct FwdKernelParams {
   Mask uniform_mask;   // uniform_walk
   MaskArgs mask_args;  // FromMemory: attn_mask and its summary (common/mask_summary.h); a packed batch's band
   float scale;
+  Descales descales;  // FP8 inputs
 
   CUTE_DEVICE int seqlen_q(Tile const& tile) const {
     if constexpr (kPacked) {
       return tile.len_q;
     } else {
       return len_q;
+    }
+  }
+  // The scores' scale (log2 and natural) and O's factor for a tile: FP8
+  // inputs fold their descales in, clamped so that a descale of 0 keeps the
+  // masked scores -inf (params.h scale_log2) and a huge one keeps the
+  // largest product of two e4m3 rows finite in float32.
+  struct Scales {
+    float log2, natural, out;
+  };
+  CUTE_DEVICE Scales scales(Tile const& tile) const {
+    if constexpr (Traits::kFp8) {
+      const int kv_head = tile.head / mainloop.group;
+      const float qk = descales.q.at(tile.batch, kv_head) * descales.k.at(tile.batch, kv_head);
+      const float log2 = copysignf(fminf(fmaxf(fabsf(mainloop.scale_log2 * qk), 1.17549435e-38f), 1e30f),
+                                   mainloop.scale_log2 * qk);
+      return {log2, log2 * (scale / mainloop.scale_log2), descales.v.at(tile.batch, kv_head)};
+    } else {
+      return {mainloop.scale_log2, scale, 1.f};
     }
   }
   CUTE_DEVICE decltype(auto) mask(Tile const& tile) const {
@@ -90,13 +118,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   pipeline_params.is_leader = threadIdx.x == 0;
   pipeline_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipeline_k(shared.pipeline_k, pipeline_params, Shape<_1, _1, _1>{});
+  // FP8: V lands for the producer warpgroup, which transposes it into the
+  // ring the consumers read (pipeline_vt).
+  if constexpr (Traits::kFp8) pipeline_params.num_consumers = 128;
   Pipeline pipeline_v(shared.pipeline_v, pipeline_params, Shape<_1, _1, _1>{});
+  typename Traits::PipelineVt::Params vt_params;
+  vt_params.role = producer ? Traits::PipelineVt::ThreadCategory::Producer : Traits::PipelineVt::ThreadCategory::Consumer;
+  vt_params.producer_arv_count = 128;
+  vt_params.consumer_arv_count = Traits::kConsumerThreads;
+  typename Traits::PipelineVt pipeline_vt = [&] {
+    if constexpr (Traits::kFp8) {
+      return typename Traits::PipelineVt(shared.pipeline_vt, vt_params);
+    } else {
+      return typename Traits::PipelineVt(shared.pipeline_vt, vt_params, cute::false_type{});  // unused: no barriers
+    }
+  }();
   // Barrier initialisation is visible to every thread (and to TMA) before use.
   __syncthreads();
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0) Mainloop::load(p.mainloop, shared, pipeline_k, pipeline_v, p.scheduler, p);
+    if (Traits::kFp8 || threadIdx.x == 0) {
+      Mainloop::load(p.mainloop, shared, pipeline_k, pipeline_v, pipeline_vt, p.scheduler, p, threadIdx.x);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
     const int thread_idx = threadIdx.x - 128;
@@ -122,11 +166,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
       OnlineSoftmax<2> softmax;
-      Mainloop::template compute<kPacked>(p.mainloop, shared, pipeline_k, pipeline_v, read, p.mask(tile),
-                                          tile.m_block, local_tile_count, thread_idx, acc_o, softmax);
+      const auto scales = p.scales(tile);
+      auto& pipeline_pv = pick<Traits::kFp8>(pipeline_vt, pipeline_v);
+      Mainloop::template compute<kPacked>(p.mainloop, shared, pipeline_k, pipeline_pv, read, p.mask(tile),
+                                          tile.m_block, local_tile_count, thread_idx, scales.log2, acc_o, softmax);
       Tensor o = acc_rowcol(acc_o);
       // The softmax ran on negated scores when the scale is negative.
-      auto lse = softmax.finalize_rows(o, fabsf(p.scale));
+      auto lse = softmax.finalize_rows(o, fabsf(scales.natural), scales.out);
       Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile), thread_idx);
       if constexpr (!kDynamic) pos = p.scheduler.next(pos);
     }

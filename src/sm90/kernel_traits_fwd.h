@@ -19,22 +19,28 @@ namespace sm90 {
 
 using namespace cute;
 
-// The widest swizzle whose atom divides the head dim: 128-byte rows when the
-// head dim is a multiple of 64 elements, else 64-byte (head dim 96).
+// The widest swizzle whose atom divides a row of kWidth elements: 128-byte
+// rows when the row is a multiple of 128 bytes, else 64-byte (head dim 96).
 template <typename Element, int kWidth>
 constexpr auto k_major_smem_atom() {
-  if constexpr (kWidth % 64 == 0) {
+  constexpr int kBytes = kWidth * int(sizeof(Element));
+  if constexpr (kBytes % 128 == 0) {
     return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kWidth % 32 == 0) {
+  } else if constexpr (kBytes % 64 == 0) {
     return GMMA::Layout_K_SW64_Atom<Element>{};
   } else {
     return GMMA::Layout_K_SW32_Atom<Element>{};
   }
 }
 
+// Element: the inputs' type. With e4m3 inputs (kFp8) O is bfloat16, and V
+// goes through a second buffer: FP8 wgmma reads both operands K-major, so
+// the producer warpgroup transposes each V tile on chip (transpose_v.h).
 template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kQInRegisters_ = false>
 struct FwdTraits {
   using Element = Element_;
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -55,8 +61,9 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
   // The producer needs few registers; the consumers hold S, P and O. Below 40
   // the producer spills its tile walk, which cost up to 8% at head dim 256.
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 40 : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 232 : 160;
+  // The FP8 producer warpgroup also transposes V (more live registers).
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 56 : 40) : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 224 : 232) : 160;
   // setmaxnreg only moves registers within what the CTA was launched with (the
   // per-thread count ptxas gives every thread of a one-CTA-per-SM kernel): a
   // larger sum leaves the consumers waiting forever for registers.
@@ -78,11 +85,13 @@ struct FwdTraits {
   static_assert(size<1>(typename MmaQK::AtomShape_MNK{}) == kBlockN,
                 "no single wgmma spans kBlockN keys: list this (pass, head dim) in src/registry.py's wide_mma");
   // O += P V: P from registers, V from shared memory read along the key
-  // (MN-major: V's rows are contiguous in the head dim).
-  using MmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  // (MN-major: V's rows are contiguous in the head dim); FP8 reads the
+  // transposed copy, K-major.
+  static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
+  using MmaPVAtom = decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                                                  GMMA::Major::K, kMajorV>());
+  using MmaPV = decltype(make_tiled_mma(MmaPVAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  static_assert(!kFp8 || (kBlockN % 32 == 0 && kHeadDim % 32 == 0), "FP8 wgmma steps 32 keys");
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   // The O tile of the epilogue reuses Q's buffer (same shape).
@@ -90,12 +99,18 @@ struct FwdTraits {
   using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V as P.V's B operand, (head dim, key, stage): the same bytes with the
-  // first two modes swapped.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                  Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})));
+  // first two modes swapped; FP8: its own buffer, keys contiguous.
+  using SmemLayoutVt = std::conditional_t<
+      kFp8,
+      decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(), Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                                       Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})))>;
+  using SmemLayoutO = decltype(tile_to_shape(k_major_smem_atom<ElementOut, kHeadDim>(),
+                                             Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+  // FP8: transposed V tiles, from the producer warpgroup to the consumers.
+  using PipelineVt = cutlass::PipelineAsync<kStages>;
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
@@ -105,16 +120,22 @@ struct FwdTraits {
   // still run. Otherwise O is staged in Q's buffer and the next Q waits for
   // the store.
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kTileBytes = int(sizeof(Element)) * (kBlockM + 2 * kStages * kBlockN) * kHeadDim;
-  static constexpr bool kSeparateO = kTileBytes + int(kQBytes) + 1024 <= kSmemLimit;
+  static constexpr int kTileBytes =
+      int(sizeof(Element)) * (kBlockM + (kFp8 ? 3 : 2) * kStages * kBlockN) * kHeadDim;
+  static constexpr int kOBytes = kBlockM * kHeadDim * int(sizeof(ElementOut));
+  // FP8's bfloat16 O does not fit in Q's buffer.
+  static constexpr bool kSeparateO = kFp8 || kTileBytes + kOBytes + 1024 <= kSmemLimit;
 
   struct SharedStorage {
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;
-    alignas(1024) cute::array_aligned<Element, kSeparateO ? cosize_v<SmemLayoutQ> : 8> o;
+    alignas(kFp8 ? 1024 : 16) cute::array_aligned<Element, kFp8 ? cosize_v<SmemLayoutVt> : 16> vt;
+    alignas(1024) cute::array_aligned<ElementOut, kSeparateO ? cosize_v<SmemLayoutO> : 8> o;
     typename Pipeline::SharedStorage pipeline_k;
     typename Pipeline::SharedStorage pipeline_v;
+    typename PipelineVt::SharedStorage pipeline_vt;
+    int next_pos[2];  // FP8: a dynamic scheduler's next unit, for the whole producer warpgroup
     cutlass::arch::ClusterTransactionBarrier q_full;  // Q landed
     cutlass::arch::ClusterBarrier q_free;             // no one reads Q's buffer any more
     UnitHandoff handoff;                              // a dynamic scheduler's units (tile_scheduler.h)
@@ -122,9 +143,15 @@ struct FwdTraits {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimit, "tile does not fit in an H100's shared memory");
 
-  CUTE_DEVICE static Element* o_buffer(SharedStorage& shared) {
-    return kSeparateO ? shared.o.data() : shared.q.data();
+  CUTE_DEVICE static ElementOut* o_buffer(SharedStorage& shared) {
+    if constexpr (kSeparateO) {
+      return shared.o.data();
+    } else {
+      return shared.q.data();
+    }
   }
+  // P V's B operand.
+  CUTE_DEVICE static Element* vt_buffer(SharedStorage& shared) { return kFp8 ? shared.vt.data() : shared.v.data(); }
 
   // Global tensors as the TMA descriptors see them: (row, dim, head, batch).
   using GmemShape = Shape<int, int, int, int>;
@@ -139,15 +166,13 @@ struct FwdTraits {
   // Q-shaped buffer: in Q's buffer, the slab holds exactly the Q rows that
   // warpgroup alone reads, so no warpgroup waits for another at a tile's end.
   using SmemLayoutOSlab =
-      decltype(composition(SmemLayoutQ{}, Layout<Shape<_64, Int<kHeadDim>>, Stride<_1, Int<kBlockM>>>{}));
+      decltype(composition(SmemLayoutO{}, Layout<Shape<_64, Int<kHeadDim>>, Stride<_1, Int<kBlockM>>>{}));
   using TmaO = decltype(make_tma_copy(SM90_TMA_STORE{},
-                                      make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), GmemShape{},
+                                      make_tensor(make_gmem_ptr(static_cast<ElementOut*>(nullptr)), GmemShape{},
                                                   GmemStride{}),
                                       SmemLayoutOSlab{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
   // P V's tiling for one warpgroup: the stmatrix partition of its slab.
-  using MmaPVWarpgroup = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>, GMMA::Major::K,
-                           GMMA::Major::MN>()));
+  using MmaPVWarpgroup = decltype(make_tiled_mma(MmaPVAtom{}));
 };
 
 // Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/history/2026-11-journal.md,
@@ -188,6 +213,15 @@ struct FwdConfig<Element, 192> : TileChoice<FwdTraits<Element, 192, 128, 96, 2>>
 template <typename Element>
 struct FwdConfig<Element, 256>
     : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 1024> {};
+
+// e4m3 inputs: key tiles a multiple of FP8 wgmma's 32-key step, and room for
+// the transposed V ring and a bfloat16 O (head dim 256: 64-key tiles).
+template <>
+struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 128, 128, 2>> {};
+template <>
+struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 2>> {};
+template <>
+struct FwdConfig<cutlass::float_e4m3_t, 256> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 256, 128, 64, 2>> {};
 
 }  // namespace sm90
 }  // namespace tfb

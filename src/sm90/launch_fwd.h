@@ -25,17 +25,17 @@ namespace sm90 {
 namespace detail {
 
 // A dim of size 1 is never stepped along, but TMA still wants its stride to be
-// a multiple of 16 bytes: give it one.
-inline int64_t usable_stride(int64_t stride, int size) { return size <= 1 ? 8 : stride; }
+// a multiple of 16 bytes: give it one (in elements of `bytes`).
+inline int64_t usable_stride(int64_t stride, int size, int bytes) { return size <= 1 ? 16 / bytes : stride; }
 
 template <class Traits, typename Pointer>
 auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride, int64_t head_stride,
                  int64_t batch_stride) {
-  using Element = typename Traits::Element;
+  constexpr int kBytes = int(sizeof(*ptr));
   return make_tensor(make_gmem_ptr(static_cast<Pointer>(ptr)),
                      make_shape(rows, Traits::kHeadDim, heads, batch),
-                     make_stride(usable_stride(row_stride, rows), _1{}, usable_stride(head_stride, heads),
-                                 usable_stride(batch_stride, batch)));
+                     make_stride(usable_stride(row_stride, rows, kBytes), _1{}, usable_stride(head_stride, heads, kBytes),
+                                 usable_stride(batch_stride, batch, kBytes)));
 }
 
 }  // namespace detail
@@ -48,8 +48,8 @@ template <class Traits, class Policy, bool kPacked = false>
 cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr,
                             const TileList& list = {}) {
   using Element = typename Traits::Element;
-  if (a.head_dim != Traits::kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 ||
-      a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
+  if (a.head_dim != Traits::kHeadDim || a.element_bytes != int(sizeof(Element)) || a.heads_kv <= 0 ||
+      a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
     return cudaErrorInvalidValue;
   }
   const int64_t m_blocks = (a.len_q + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -78,7 +78,8 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
                                         a.k_row_stride, a.k_head_stride, a.k_batch_stride);
   auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.heads_kv, batch,
                                         a.v_row_stride, a.v_head_stride, a.v_batch_stride);
-  auto mO = detail::gmem_tensor<Traits>(static_cast<Element*>(a.o), rows_q, a.heads_q, batch, a.o_row_stride,
+  using ElementOut = typename Traits::ElementOut;
+  auto mO = detail::gmem_tensor<Traits>(static_cast<ElementOut*>(a.o), rows_q, a.heads_q, batch, a.o_row_stride,
                                         a.o_head_stride, a.o_batch_stride);
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
@@ -97,13 +98,14 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
-       mO.shape(), a.lse, kPacked ? a.seqlens.total_q : a.len_q, a.heads_q, static_cast<Element*>(a.o),
+       mO.shape(), a.lse, kPacked ? a.seqlens.total_q : a.len_q, a.heads_q, static_cast<ElementOut*>(a.o),
        a.o_row_stride, a.o_head_stride},
       scheduler,
       a.len_q,
       uniform_walk<typename KernelParams::Mask>(a),
       a.mask,
-      a.scale};
+      a.scale,
+      a.descales};
 
   int64_t work = units;  // at most: a packed batch's entries are counted on the device
   if constexpr (!kPacked) work = p.scheduler.num_units();
@@ -138,22 +140,27 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   using Config = FwdConfig<Element, kHeadDim>;
   using Traits = typename Config::Traits;
   if (params.seqlens.cu_q) return launch_fwd_packed<Traits>(params, stream);
-  int* next_unit = params.mask.in_memory()
-                       ? reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
-                                                mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN))
-                       : nullptr;
-  return mask::with_policy(
-      params, Traits::kBlockM, Traits::kBlockN, params.workspace, stream,
-      [&](auto policy, const AttnFwdParams& p) {
-        using Policy = decltype(policy);
-        if constexpr (!mask::kReadsMemory<Policy> && !std::is_void_v<typename Config::ShortCausalTraits>) {
-          if (p.mask.right_bounded() && p.len_q <= Config::kShortCausalMaxLen) {
-            return launch_fwd_with<typename Config::ShortCausalTraits, Policy>(p, stream);
+  if constexpr (Traits::kFp8) {  // no attn_mask: _scaled_dot_product_attention_quantized takes none
+    if (params.mask.in_memory()) return cudaErrorInvalidValue;
+    return launch_fwd_with<Traits, mask::Band>(params, stream);
+  } else {
+    int* next_unit = params.mask.in_memory()
+                         ? reinterpret_cast<int*>(static_cast<char*>(params.workspace) +
+                                                  mask::summary_bytes(params, Traits::kBlockM, Traits::kBlockN))
+                         : nullptr;
+    return mask::with_policy(
+        params, Traits::kBlockM, Traits::kBlockN, params.workspace, stream,
+        [&](auto policy, const AttnFwdParams& p) {
+          using Policy = decltype(policy);
+          if constexpr (!mask::kReadsMemory<Policy> && !std::is_void_v<typename Config::ShortCausalTraits>) {
+            if (p.mask.right_bounded() && p.len_q <= Config::kShortCausalMaxLen) {
+              return launch_fwd_with<typename Config::ShortCausalTraits, Policy>(p, stream);
+            }
           }
-        }
-        return launch_fwd_with<Traits, Policy>(p, stream, next_unit);
-      },
-      next_unit);
+          return launch_fwd_with<Traits, Policy>(p, stream, next_unit);
+        },
+        next_unit);
+  }
 }
 
 }  // namespace sm90

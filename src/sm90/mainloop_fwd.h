@@ -23,6 +23,7 @@
 #include "common/softmax.h"
 #include "sm90/mask_walk.h"
 #include "sm90/tile_scheduler.h"
+#include "sm90/transpose_v.h"
 #include "sm90/utils.h"
 
 namespace tfb {
@@ -32,7 +33,8 @@ namespace sm90 {
 enum class Barrier : int {
   kEpilogue = 1,       // + consumer warpgroup index: its warps, around its O rows in shared memory
   kWarpgroupTurn = 4,  // + consumer warpgroup index: whose turn it is to issue Q K^T
-  kForeignV = 7        // every consumer: a packed tile's V rows of another sequence are cleared
+  kForeignV = 7,       // every consumer: a packed tile's V rows of another sequence are cleared
+  kProducer = 8        // FP8: the producer warpgroup, around a dynamic scheduler's next unit
 };
 
 // Policy: a band (mask.h Band) or a mask in memory
@@ -116,24 +118,45 @@ struct FwdMainloop {
     }
   };
 
-  // Producer: runs on one thread of the producer warpgroup.
+  // Producer: one thread of the producer warpgroup issues every TMA load
+  // (the leader); with FP8 inputs the whole warpgroup runs this walk and
+  // transposes each V tile (transpose_v.h) one tile behind the loads, and a
+  // dynamic scheduler's next unit reaches it through shared memory.
   // masks: anything with mask(batch, head) -> Mask (the kernel's params).
   template <class Scheduler, class Masks>
   CUTE_DEVICE static void load(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
-                               Pipeline& pipeline_v, Scheduler const& scheduler, Masks const& masks) {
+                               Pipeline& pipeline_v, typename Traits::PipelineVt& pipeline_vt,
+                               Scheduler const& scheduler, Masks const& masks, int thread_idx) {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(Traits::vt_buffer(shared)), typename Traits::SmemLayoutVt{});
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    const bool leader = thread_idx == 0;
+
+    // FP8: V tile `stage` landed -> its transposed copy, keys past `keys` zero.
+    auto transpose_v = [&](PipelineState const& stage, int keys) {
+      if constexpr (Traits::kFp8) {
+        const PipelineState landed{stage.index(), stage.phase() ^ 1, stage.count()};
+        pipeline_v.consumer_wait(landed);
+        pipeline_vt.producer_acquire(stage);
+        Tensor sVt_stage = sVt(_, _, stage.index());
+        transpose_v_tile<128>(sV(_, _, stage.index()), sVt_stage, keys, thread_idx);
+        cutlass::arch::fence_view_async_shared();  // the wgmma reads through the async proxy
+        pipeline_vt.producer_commit(stage);
+        pipeline_v.consumer_release(landed);
+      }
+    };
 
     PipelineState write = cutlass::make_producer_start_state<Pipeline>();
     int local_tile_count = 0;
     int pos = scheduler.first();
     for (; scheduler.valid(pos); ++local_tile_count) {
       // Taken first: a dynamic scheduler's next unit comes back while this one loads.
-      const int next_pos = scheduler.next(pos);
+      int next_pos = 0;
+      if (!Scheduler::kDynamic || leader) next_pos = scheduler.next(pos);
       const auto tile = scheduler.tile(pos);
       const int kv_head = tile.head / p.group;
       Tensor gQ = local_tile(tile.q_rows(mQ, tile.head), Shape<Int<kBlockM>, Int<kHeadDim>>{},
@@ -148,43 +171,66 @@ struct FwdMainloop {
       KeyWalk<false> walk(mask, tile.m_block);
       bool predicate;  // the consumers' concern: every visited tile loads alike
       const int n_first = walk.first(predicate);
-      // The first K tile goes first: it waits for nothing, while Q waits
-      // until the previous tile is done with Q's buffer.
-      pipeline_k.producer_acquire(write);
-      copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
-      if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      if constexpr (Scheduler::kDynamic) shared.handoff.publish(Unit<decltype(tile)>{pos, tile}, local_tile_count);
-      shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
-      copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
-      pipeline_v.producer_acquire(write);
-      copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_first), tVsV(_, write.index()));
+      if (leader) {
+        // The first K tile goes first: it waits for nothing, while Q waits
+        // until the previous tile is done with Q's buffer.
+        pipeline_k.producer_acquire(write);
+        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_first), tKsK(_, write.index()));
+        if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
+        if constexpr (Scheduler::kDynamic) shared.handoff.publish(Unit<decltype(tile)>{pos, tile}, local_tile_count);
+        shared.q_full.arrive_and_expect_tx(Traits::kQBytes);
+        copy(p.tma_q.with(reinterpret_cast<uint64_t&>(shared.q_full)), tQgQ, tQsQ);
+        pipeline_v.producer_acquire(write);
+        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_first), tVsV(_, write.index()));
+      }
+      // The first tile alone may reach past the sequence's keys; past a
+      // dense batch's, TMA already filled zeros.
+      int keys = kBlockN;
+      if constexpr (kPackedTile<decltype(tile)>) keys = mask.policy.len_k - n_first * kBlockN;
+      PipelineState previous = write;
       ++write;
       for (int n_block = walk.below(n_first, predicate); n_block >= 0; n_block = walk.below(n_block, predicate)) {
-        pipeline_k.producer_acquire(write);
-        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
-        pipeline_v.producer_acquire(write);
-        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_block), tVsV(_, write.index()));
+        if (leader) {
+          pipeline_k.producer_acquire(write);
+          copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKgK(_, n_block), tKsK(_, write.index()));
+          pipeline_v.producer_acquire(write);
+          copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVgV(_, n_block), tVsV(_, write.index()));
+        }
+        transpose_v(previous, keys);
+        keys = kBlockN;
+        previous = write;
         ++write;
+      }
+      transpose_v(previous, keys);
+      if constexpr (Traits::kFp8 && Scheduler::kDynamic) {
+        if (leader) shared.next_pos[local_tile_count & 1] = next_pos;
+        named_barrier_sync(int(Barrier::kProducer), 128);
+        next_pos = shared.next_pos[local_tile_count & 1];
       }
       pos = next_pos;
     }
     if constexpr (Scheduler::kDynamic) {  // the end, once the consumers have taken the last unit
-      if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
-      shared.handoff.publish(Unit<typename Scheduler::Tile>{pos, {}}, local_tile_count);
+      if (leader) {
+        if (local_tile_count > 0) shared.q_free.wait((local_tile_count - 1) & 1);
+        shared.handoff.publish(Unit<typename Scheduler::Tile>{pos, {}}, local_tile_count);
+      }
     }
   }
 
   // Consumer: one warpgroup's share (64 rows) of one query tile. Leaves the
   // row statistics in `softmax` and the unnormalised output in acc_o.
   // kPacked: the tile's sequence ends where the next one's rows begin, in the
-  // same tensors; see clear_foreign_v.
-  template <bool kPacked, class AccO, class Softmax>
+  // same tensors; see clear_foreign_v. pipeline_v: V's (the transposed V's
+  // with FP8 inputs); scale_log2: the scores' factor (FP8: with the
+  // descales), negative to flip the scores' order.
+  template <bool kPacked, class PipelineV, class AccO, class Softmax>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
-                                  Pipeline& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
-                                  int local_tile_count, int thread_idx, AccO& acc_o, Softmax& softmax) {
+                                  PipelineV& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
+                                  int local_tile_count, int thread_idx, float scale_log2_signed, AccO& acc_o,
+                                  Softmax& softmax) {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(Traits::vt_buffer(shared)), typename Traits::SmemLayoutVt{});
 
     typename Traits::MmaQK mma_qk;
     typename Traits::MmaPV mma_pv;
@@ -201,8 +247,8 @@ struct FwdMainloop {
 
     // A negative scale flips which score is largest; the softmax wants
     // scale >= 0, so the scores are negated instead.
-    const bool flip = p.scale_log2 < 0.f;
-    const float scale_log2 = fabsf(p.scale_log2);
+    const bool flip = scale_log2_signed < 0.f;
+    const float scale_log2 = fabsf(scale_log2_signed);
 
     auto turn_begin = [&] {
       if constexpr (Traits::kConsumerWarpgroups > 1) {
@@ -248,7 +294,9 @@ struct FwdMainloop {
     turn_begin();
     wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read.index()), acc_s);
     turn_end();
-    if constexpr (kPacked) clear_foreign_v(shared, pipeline_v, read, mask.policy.len_k - n_first * kBlockN, thread_idx);
+    if constexpr (kPacked && !Traits::kFp8) {  // FP8: the transpose wrote zeros there
+      clear_foreign_v(shared, pipeline_v, read, mask.policy.len_k - n_first * kBlockN, thread_idx);
+    }
     // The walk moves on while the tensor cores work (walked before the
     // GEMMs' issue, it cost a mask that keeps everything ~1%).
     int n_next = walk.below(n_first, predicate_next);
@@ -261,8 +309,23 @@ struct FwdMainloop {
       Tensor s = acc_rowcol(acc_s);
       softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
     }
-    Tensor p_regs = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
+    // P in registers, and its view as P V's A operand.
+    Tensor p_regs = [&] {
+      if constexpr (Traits::kFp8) {
+        Tensor regs = make_fp8_p_fragment<Element, kBlockN>();
+        convert_fp8_p_into(acc_s, regs);
+        return regs;
+      } else {
+        return convert_fragment<Element>(acc_s);
+      }
+    }();
+    Tensor tOrP = make_tensor(p_regs.data(), [&] {
+      if constexpr (Traits::kFp8) {
+        return p_regs.layout();
+      } else {
+        return acc_as_a_operand_layout(p_regs.layout());
+      }
+    }());
     PipelineState read_v = read;
     ++read;
 
@@ -300,7 +363,11 @@ struct FwdMainloop {
       pipeline_v.consumer_release(read_v);
       Tensor o = acc_rowcol(acc_o);
       if (max_moved) scale_rows(o, softmax.correction);
-      convert_fragment_into(acc_s, p_regs);
+      if constexpr (Traits::kFp8) {
+        convert_fp8_p_into(acc_s, p_regs);
+      } else {
+        convert_fragment_into(acc_s, p_regs);
+      }
       read_v = read;
       ++read;
     }

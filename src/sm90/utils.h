@@ -85,6 +85,40 @@ CUTE_DEVICE void convert_fragment_into(Tensor<SrcEngine, SrcLayout> const& src, 
   }
 }
 
+// The registers of P for an 8-bit A operand: per 32 keys, ((4, 2, 2), 1, N/32)
+// values as the wgmma takes them (4 keys, the row eight below, the next 16 keys).
+template <class Element, int kBlockN>
+CUTE_DEVICE auto make_fp8_p_fragment() {
+  return make_tensor<Element>(Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>{});
+}
+
+// An accumulator's scores -> P's e4m3 registers, keys in the order
+// transpose_v.h writes V: register (k32, row half r, 16-key half h) takes the
+// thread's two column pairs of 8-column groups 4 k32 + 2 h and + 1, row r.
+template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
+CUTE_DEVICE void convert_fp8_p_into(Tensor<SrcEngine, SrcLayout> const& acc, Tensor<DstEngine, DstLayout>& p) {
+  using To = typename DstEngine::value_type;
+  constexpr int kGroups = decltype(size<0, 2>(acc))::value;  // 8-column groups
+  static_assert(sizeof(To) == 1 && kGroups % 4 == 0 && decltype(size(p))::value == 4 * kGroups);
+  cutlass::NumericArrayConverter<To, float, 4> convert;
+  float const* in = acc.data();
+  auto* out = reinterpret_cast<uint32_t*>(p.data());
+  CUTE_UNROLL
+  for (int k = 0; k < kGroups / 4; ++k) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int g = 4 * k + 2 * h;  // accumulator value (c, r, g) is at c + 2 r + 4 g
+        const cutlass::Array<float, 4> four = {in[2 * r + 4 * g], in[1 + 2 * r + 4 * g], in[2 * r + 4 * (g + 1)],
+                                               in[1 + 2 * r + 4 * (g + 1)]};
+        const cutlass::Array<To, 4> packed = convert(four);
+        out[4 * k + r + 2 * h] = reinterpret_cast<uint32_t const&>(packed);
+      }
+    }
+  }
+}
+
 // Named barriers (bar.sync / bar.arrive) among a subset of the CTA's warps.
 // Id 0 is __syncthreads().
 CUTE_DEVICE void named_barrier_sync(int id, int threads) {
