@@ -68,7 +68,8 @@ struct FwdKernelParams {
       const float qk = descales.q.at(tile.batch, kv_head) * descales.k.at(tile.batch, kv_head);
       const float log2 = copysignf(fminf(fmaxf(fabsf(mainloop.scale_log2 * qk), 1.17549435e-38f), 1e30f),
                                    mainloop.scale_log2 * qk);
-      return {log2, log2 * (scale / mainloop.scale_log2), descales.v.at(tile.batch, kv_head)};
+      // P V summed P times kFp8PScale (utils.h).
+      return {log2, log2 * (scale / mainloop.scale_log2), descales.v.at(tile.batch, kv_head) / kFp8PScale};
     } else {
       return {mainloop.scale_log2, scale, 1.f};
     }

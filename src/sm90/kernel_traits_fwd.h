@@ -62,8 +62,8 @@ struct FwdTraits {
   // The producer needs few registers; the consumers hold S, P and O. Below 40
   // the producer spills its tile walk, which cost up to 8% at head dim 256.
   // The FP8 producer warpgroup also transposes V (more live registers).
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 56 : 40) : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 224 : 232) : 160;
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 72 : 40) : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 216 : 232) : 160;
   // setmaxnreg only moves registers within what the CTA was launched with (the
   // per-thread count ptxas gives every thread of a one-CTA-per-SM kernel): a
   // larger sum leaves the consumers waiting forever for registers.
@@ -219,7 +219,7 @@ struct FwdConfig<Element, 256>
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 128, 128, 2>> {};
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 2>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 3>> {};
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 256> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 256, 128, 64, 2>> {};
 

@@ -130,7 +130,6 @@ struct FwdMainloop {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutKV{});
-    Tensor sVt = make_tensor(make_smem_ptr(Traits::vt_buffer(shared)), typename Traits::SmemLayoutVt{});
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
@@ -142,8 +141,11 @@ struct FwdMainloop {
         const PipelineState landed{stage.index(), stage.phase() ^ 1, stage.count()};
         pipeline_v.consumer_wait(landed);
         pipeline_vt.producer_acquire(stage);
-        Tensor sVt_stage = sVt(_, _, stage.index());
-        transpose_v_tile<128>(sV(_, _, stage.index()), sVt_stage, keys, thread_idx);
+        // Both rings' stages are kStageBytes apart (test/cpp/transpose_layout_check.cu).
+        constexpr int kStageBytes = kBlockN * kHeadDim;
+        auto const* landed_v = reinterpret_cast<uint8_t const*>(shared.v.data()) + stage.index() * kStageBytes;
+        auto* vt = reinterpret_cast<uint8_t*>(shared.vt.data()) + stage.index() * kStageBytes;
+        transpose_v_tile<kBlockN, kHeadDim>(landed_v, vt, keys, thread_idx);
         cutlass::arch::fence_view_async_shared();  // the wgmma reads through the async proxy
         pipeline_vt.producer_commit(stage);
         pipeline_v.consumer_release(landed);
@@ -186,7 +188,7 @@ struct FwdMainloop {
       // The first tile alone may reach past the sequence's keys; past a
       // dense batch's, TMA already filled zeros.
       int keys = kBlockN;
-      if constexpr (kPackedTile<decltype(tile)>) keys = mask.policy.len_k - n_first * kBlockN;
+      if constexpr (kPackedTile<std::decay_t<decltype(tile)>>) keys = mask.policy.len_k - n_first * kBlockN;
       PipelineState previous = write;
       ++write;
       for (int n_block = walk.below(n_first, predicate); n_block >= 0; n_block = walk.below(n_block, predicate)) {

@@ -92,9 +92,13 @@ CUTE_DEVICE auto make_fp8_p_fragment() {
   return make_tensor<Element>(Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>{});
 }
 
-// An accumulator's scores -> P's e4m3 registers, keys in the order
-// transpose_v.h writes V: register (k32, row half r, 16-key half h) takes the
-// thread's two column pairs of 8-column groups 4 k32 + 2 h and + 1, row r.
+// An accumulator's probabilities times kFp8PScale -> P's e4m3 registers, keys
+// in the order transpose_v.h writes V: register (k32, row half r, 16-key half
+// h) takes the thread's two column pairs of 8-column groups 4 k32 + 2 h and
+// + 1, row r. Scaled from [0, 1] to [0, 256], P keeps e4m3's 3 mantissa bits
+// down to 2^-14 instead of going subnormal below 2^-6; O is divided back.
+constexpr float kFp8PScale = 256.f;
+
 template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
 CUTE_DEVICE void convert_fp8_p_into(Tensor<SrcEngine, SrcLayout> const& acc, Tensor<DstEngine, DstLayout>& p) {
   using To = typename DstEngine::value_type;
@@ -110,8 +114,9 @@ CUTE_DEVICE void convert_fp8_p_into(Tensor<SrcEngine, SrcLayout> const& acc, Ten
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int g = 4 * k + 2 * h;  // accumulator value (c, r, g) is at c + 2 r + 4 g
-        const cutlass::Array<float, 4> four = {in[2 * r + 4 * g], in[1 + 2 * r + 4 * g], in[2 * r + 4 * (g + 1)],
-                                               in[1 + 2 * r + 4 * (g + 1)]};
+        const cutlass::Array<float, 4> four = {in[2 * r + 4 * g] * kFp8PScale, in[1 + 2 * r + 4 * g] * kFp8PScale,
+                                               in[2 * r + 4 * (g + 1)] * kFp8PScale,
+                                               in[1 + 2 * r + 4 * (g + 1)] * kFp8PScale};
         const cutlass::Array<To, 4> packed = convert(four);
         out[4 * k + r + 2 * h] = reinterpret_cast<uint32_t const&>(packed);
       }
