@@ -52,8 +52,10 @@ def test_explain_names_why_fp8_falls_back():
 
 def test_layout_problems_name_the_tensor_and_stride():
     t = torch.empty(1, 2, 8, 136, dtype=FP8)[..., :128]
-    assert _fp8._layout_problem(t, "key") == "key.stride(2) = 136 is not a positive multiple of 16 bytes"
-    assert _fp8._layout_problem(torch.empty(1, 2, 8, 128, dtype=FP8), "query") is None
+    assert _fp8._layout_problem(t, "key", False) == "key stride(2) = 136 is not a multiple of 16 elements (16 bytes)"
+    assert _fp8._layout_problem(torch.empty(1, 2, 8, 128, dtype=FP8), "query", False) is None
+    assert "stride 0" in _fp8._layout_problem(torch.empty(1, 1, 8, 128, dtype=FP8).expand(2, 2, 8, 128), "v", False)
+    assert _fp8._layout_problem(torch.empty(40, 2, 64, dtype=FP8), "query", True) is None
 
 
 def test_registry_lists_fp8_kernels_where_sm90_is_built():

@@ -16,12 +16,12 @@ import functools
 import torch
 
 from . import _router, _stats
-from ._library import built_kernel_set
+from ._checks import broadcast, misaligned
+from ._library import align_bytes, built_kernel_set
 
 _ops = torch.ops.torch_flash_backend
 
 FP8 = torch.float8_e4m3fn
-ALIGN_BYTES = 16  # TMA: 16-byte aligned rows and strides
 
 
 def kernel_name(head_dim: int) -> str:
@@ -33,15 +33,13 @@ def _built_head_dims() -> frozenset[int]:
     return frozenset(k.head_dim for k in built_kernel_set() if k.dtype == "fp8" and k.pass_ == "fwd")
 
 
-def _layout_problem(t: torch.Tensor, name: str) -> str | None:
-    if t.data_ptr() % ALIGN_BYTES:
-        return f"{name}'s data pointer is not {ALIGN_BYTES}-byte aligned"
-    for d in range(t.dim() - 1):
-        if t.size(d) > 1 and (t.stride(d) <= 0 or t.stride(d) % ALIGN_BYTES):
-            return f"{name}.stride({d}) = {t.stride(d)} is not a positive multiple of {ALIGN_BYTES} bytes"
-    if t.size(-1) > 1 and t.stride(-1) != 1:
-        return f"{name} is not contiguous in its last dim"
-    return None
+def _layout_problem(t: torch.Tensor, name: str, packed: bool) -> str | None:
+    """The sm90 family's rule (TMA: its registry align_bytes, no stride 0), as
+    _checks states it for every input; metadata only (FakeTensors too)."""
+    view = t.unsqueeze(0).transpose(1, 2) if packed else t  # (B, H, L, E)
+    if broadcast(view):
+        return f"{name} is broadcast with stride 0, which TMA cannot read"
+    return misaligned(name, view, align_bytes("sm90"))
 
 
 def decide(q, k, v, dropout_p=0.0, is_causal=False, *, packed=False, return_debug_mask=False,
@@ -75,7 +73,7 @@ def decide(q, k, v, dropout_p=0.0, is_causal=False, *, packed=False, return_debu
         reason = f"no FP8 kernel for head dim {q.size(-1)} (built: {sorted(_built_head_dims())})"
     else:
         for t, name in ((q, "query"), (k, "key"), (v, "value")):
-            reason = _layout_problem(t, name)
+            reason = _layout_problem(t, name, packed)
             if reason is not None:
                 break
     if reason is not None:
