@@ -165,6 +165,27 @@ def test_enable_serves_decode_steps(routed_short):
     assert max_err(grad, ref_grad) <= 0.05 * ref_grad.abs().max().item()
 
 
+def test_strict_serves_single_tokens():
+    """enable() leaves one query token to PyTorch's SDPA (faster there), but
+    enable(strict=True) means our kernels or an error: it runs the decode
+    family, and explain(strict=True) says so."""
+    require(torch.bfloat16, 128)
+    q = make_q(2, 32, 1, 128, torch.bfloat16)
+    k, v = (make_kv(2, 8, 1000, 128, torch.bfloat16, "cache") for _ in range(2))
+    assert not tfb.explain(q, k, v, enable_gqa=True).served
+    assert tfb.explain(q, k, v, enable_gqa=True, strict=True).kernel == "decode_fwd_bf16_hdim128"
+
+    def step(strict):
+        with tfb.enable(strict=strict):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert testing.launched_families(lambda: step(False)) == set()
+    for _ in range(2):  # the second call through the routing cache
+        assert testing.launched_families(lambda: step(True)) == {"decode"}
+    assert testing.launched_families(lambda: step(False)) == set()  # strict's choice stays strict's
+    ref, _ = attention_ref(q.double(), k.double(), v.double())
+    assert max_err(step(True), ref) <= 2e-2
+
+
 @pytest.mark.parametrize("length", [2, 4, 16])
 def test_enable_serves_speculative_blocks_by_default(length):
     """By default enable() sends 2-16 query tokens (speculative decoding blocks)

@@ -188,6 +188,8 @@ def test_short_query_served_by_decode(fake, monkeypatch):
     there) and is served with probe.route_single_tokens."""
     with testing.pretend_cuda(capability=(9, 0), kernels=DECODE + SM80 + SM90_FWD):
         assert reason(*qkv(length=1, s=1000)) == _router.DECODE_SLOWER_REASON
+        # strict enable(): our kernels or an error, so what is ours to serve is served.
+        assert tfb.explain(*qkv(length=1, s=1000), strict=True).kernel == "decode_fwd_bf16_hdim64"
         assert tfb.explain(*qkv(length=2, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert _router.pinned_families(*qkv(length=1)) == ("decode", None)  # flash_attn: any family that can
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)

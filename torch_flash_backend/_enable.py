@@ -129,8 +129,21 @@ def _modes() -> list:
     return modes
 
 
-def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback, bottom_right=False):
+def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, bottom_right):
+    """enable()'s decision; strict: our kernels or an error, so a call left to
+    PyTorch only because PyTorch is faster there (a single decode token, a
+    packed batch on Hopper) is served by any kernel of ours that can run it."""
     decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
+    if strict and not decision.served:
+        pinned = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right,
+                                pinned=True)
+        if pinned.served:
+            return pinned
+    return decision
+
+
+def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, fallback, bottom_right=False):
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, bottom_right)
     _stats.count(decision)
     if decision.served:
         logger.debug("scaled_dot_product_attention %s", decision)
@@ -338,8 +351,11 @@ class _RoutedModule(torch.nn.Module):
         self.forward = forward
 
 
-def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """Whether enable() would serve this SDPA call, by which kernel, or why not.
+def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+            strict=False):
+    """Whether enable(strict=strict) would serve this SDPA call, by which kernel,
+    or why not (strict also serves what enable() leaves to PyTorch only
+    because PyTorch is faster there).
 
     The result prints as "served by <kernel> (...)" or "falls back to PyTorch
     SDPA: <reason>", and has .served, .kernel and .reason. For a served masked
@@ -353,16 +369,16 @@ def explain(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
     if isinstance(q, torch.Tensor) and q.dtype == _fp8.FP8:
         return _fp8.decide(q, k, v, dropout_p, is_causal)
     if any(isinstance(t, torch.Tensor) and t.is_nested for t in (q, k, v)):
-        return _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale)
+        return _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale, strict)
     attn_mask, is_causal, bottom_right = causal_flags(attn_mask, is_causal, "explain")
-    decision = _router.decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, bottom_right=bottom_right)
+    decision = _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, bottom_right)
     if (decision.served and attn_mask is not None and q.device.type == "cuda"
             and type(attn_mask) is torch.Tensor):
         decision = dataclasses.replace(decision, tiles_skipped=_router.tiles_skipped(decision, attn_mask, q, k))
     return decision
 
 
-def _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale):
+def _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale, strict):
     if not all(isinstance(t, torch.Tensor) and t.is_nested and t.layout == torch.jagged for t in (q, k, v)):
         return _router._fallback("q, k and v must all be nested tensors of layout torch.jagged, or none")
     if attn_mask is not None:
@@ -370,7 +386,8 @@ def _explain_jagged(q, k, v, attn_mask, dropout_p, is_causal, scale):
     from torch.nested._internal.sdpa import _sdpa_nested_preprocessing
     q_t, k_t, v_t, cu_q, cu_k, max_q, max_k, _ = _sdpa_nested_preprocessing(q, k, v)
     return _router.decide_varlen(q_t, k_t, v_t, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, scale,
-                                 needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+                                 needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+                                 pinned=bool(strict))
 
 
 def explain_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),

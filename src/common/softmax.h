@@ -37,7 +37,10 @@ CUTE_DEVICE void negate_scores(cute::Tensor<Engine, Layout>& acc) {
 
 constexpr float kFusedLimit = 1024.f;
 
-template <int kRows>
+// kLog2PScale: probabilities come out times 2^kLog2PScale (FP8's P, scaled
+// into e4m3's normal range at no cost: the shift rides on the exp's bias);
+// the row sums carry the same factor, so O's normalisation is unchanged.
+template <int kRows, int kLog2PScale = 0>
 struct OnlineSoftmax {
   // Per row this thread holds: running max of the raw scores, and the sum of
   // 2^((s - max) * scale_log2) over this thread's columns only (the quad's
@@ -105,6 +108,10 @@ struct OnlineSoftmax {
         }
       }
     }
+    if constexpr (kLog2PScale != 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) bias(r) -= float(kLog2PScale);
+    }
     exp2_rows(s, bias, scale);
     reduce_rows_local(s, row_sum, SumOp{});
     return !kExact && large;
@@ -123,7 +130,7 @@ struct OnlineSoftmax {
       const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? out_scale : out_scale / sum;
-      lse(r) = empty ? INFINITY : row_max(r) * scale + __logf(sum);
+      lse(r) = empty ? INFINITY : row_max(r) * scale + (__logf(sum) - float(kLog2PScale) * 0.69314718f);
 #pragma unroll
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;
     }

@@ -68,8 +68,7 @@ struct FwdKernelParams {
       const float qk = descales.q.at(tile.batch, kv_head) * descales.k.at(tile.batch, kv_head);
       const float log2 = copysignf(fminf(fmaxf(fabsf(mainloop.scale_log2 * qk), 1.17549435e-38f), 1e30f),
                                    mainloop.scale_log2 * qk);
-      // P V summed P times kFp8PScale (utils.h).
-      return {log2, log2 * (scale / mainloop.scale_log2), descales.v.at(tile.batch, kv_head) / kFp8PScale};
+      return {log2, log2 * (scale / mainloop.scale_log2), descales.v.at(tile.batch, kv_head)};
     } else {
       return {mainloop.scale_log2, scale, 1.f};
     }
@@ -166,7 +165,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (!p.scheduler.valid(pos)) break;
       if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
       Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-      OnlineSoftmax<2> softmax;
+      OnlineSoftmax<2, Traits::kFp8 ? kFp8Log2PScale : 0> softmax;
       const auto scales = p.scales(tile);
       auto& pipeline_pv = pick<Traits::kFp8>(pipeline_vt, pipeline_v);
       Mainloop::template compute<kPacked>(p.mainloop, shared, pipeline_k, pipeline_pv, read, p.mask(tile),

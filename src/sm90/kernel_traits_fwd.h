@@ -51,8 +51,9 @@ struct FwdTraits {
   // Past the first few key tiles a row's max rarely moves: where no row of a
   // warp's moved, every factor is 1 (to an ulp) and O's rescale is skipped.
   // Worth its vote and branch only for head dim 256's 128 registers of O
-  // (+3-4% sustained at 16K); at 64-192 it loses 1-3%.
-  static constexpr bool kSkipUnitRescale = kHeadDim >= 256;
+  // (+3-4% sustained at 16K); at 64-192 it loses 1-3%. FP8 from head dim
+  // 128, where the rescale weighs more beside GEMMs at twice the rate.
+  static constexpr bool kSkipUnitRescale = kHeadDim >= (kFp8 ? 128 : 256);
 
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * 128;
@@ -215,11 +216,12 @@ struct FwdConfig<Element, 256>
     : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 1024> {};
 
 // e4m3 inputs: key tiles a multiple of FP8 wgmma's 32-key step, and room for
-// the transposed V ring and a bfloat16 O (head dim 256: 64-key tiles).
+// the transposed V ring and a bfloat16 O (head dim 256: 64-key tiles). Head
+// dim 128 reads Q from registers (16 of them) as the 16-bit forward does.
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 128, 128, 2>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 128, 128, 3>> {};
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 3>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 3, true>> {};
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 256> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 256, 128, 64, 2>> {};
 

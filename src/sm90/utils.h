@@ -92,12 +92,12 @@ CUTE_DEVICE auto make_fp8_p_fragment() {
   return make_tensor<Element>(Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>{});
 }
 
-// An accumulator's probabilities times kFp8PScale -> P's e4m3 registers, keys
+// An accumulator's probabilities -> P's e4m3 registers, keys
 // in the order transpose_v.h writes V: register (k32, row half r, 16-key half
 // h) takes the thread's two column pairs of 8-column groups 4 k32 + 2 h and
-// + 1, row r. Scaled from [0, 1] to [0, 256], P keeps e4m3's 3 mantissa bits
-// down to 2^-14 instead of going subnormal below 2^-6; O is divided back.
-constexpr float kFp8PScale = 256.f;
+// + 1, row r. The softmax leaves them in [0, 256] (kFp8Log2PScale): P keeps
+// e4m3's 3 mantissa bits down to 2^-14 instead of going subnormal below 2^-6.
+constexpr int kFp8Log2PScale = 8;
 
 template <class SrcEngine, class SrcLayout, class DstEngine, class DstLayout>
 CUTE_DEVICE void convert_fp8_p_into(Tensor<SrcEngine, SrcLayout> const& acc, Tensor<DstEngine, DstLayout>& p) {
@@ -114,9 +114,8 @@ CUTE_DEVICE void convert_fp8_p_into(Tensor<SrcEngine, SrcLayout> const& acc, Ten
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int g = 4 * k + 2 * h;  // accumulator value (c, r, g) is at c + 2 r + 4 g
-        const cutlass::Array<float, 4> four = {in[2 * r + 4 * g] * kFp8PScale, in[1 + 2 * r + 4 * g] * kFp8PScale,
-                                               in[2 * r + 4 * (g + 1)] * kFp8PScale,
-                                               in[1 + 2 * r + 4 * (g + 1)] * kFp8PScale};
+        const cutlass::Array<float, 4> four = {in[2 * r + 4 * g], in[1 + 2 * r + 4 * g], in[2 * r + 4 * (g + 1)],
+                                               in[1 + 2 * r + 4 * (g + 1)]};
         const cutlass::Array<To, 4> packed = convert(four);
         out[4 * k + r + 2 * h] = reinterpret_cast<uint32_t const&>(packed);
       }
