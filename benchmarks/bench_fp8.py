@@ -19,18 +19,11 @@ from torch.nn.attention.experimental._scaled_dot_product_attention_quantized imp
     _scaled_dot_product_attention_quantized)
 
 import torch_flash_backend  # noqa: F401  (registers the provider)
+from bench_sdpa import fa4
 
 ops = torch.ops.torch_flash_backend
 PYTORCH = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "efficient": SDPBackend.EFFICIENT_ATTENTION}
-
-
-def fa4():
-    try:
-        from flash_attn.cute import flash_attn_func
-    except Exception:  # not installed here
-        return None
-    return flash_attn_func
 
 
 def timed(fn, reps: int, warmup: int) -> float:

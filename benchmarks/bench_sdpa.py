@@ -16,7 +16,9 @@ GPU's work, not the host's launch overhead (--sync waits after every call).
 Backends: "ours" runs our ops with every kernel family (on Hopper the sm90
 forward and the sm80 backward), "ours-sm80" the same ops pinned to sm80 with
 TFB_KERNEL_FAMILIES (left out where it would equal "ours"); flash, cudnn and
-efficient are PyTorch's. The table prints as markdown, ready for RESULTS.md;
+efficient are PyTorch's; fa4 is FlashAttention-4's flash_attn_func (pip
+package flash-attn-4; left out where it is not installed), on the same
+(B, L, H, E) memory. The table prints as markdown, ready for RESULTS.md;
 notes (the kernels ours runs, backends that refused a shape) follow it.
 """
 import argparse
@@ -104,7 +106,16 @@ def make_inputs(b, h, l, e, dtype, grad, group=1):
 # ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
 # fixed order by the backward; the forward is the same).
 OURS = ("ours", "ours-sm80", "ours-det")
-RATIO_TO = ("ours-sm80", "flash", "cudnn")
+RATIO_TO = ("ours-sm80", "flash", "cudnn", "fa4")
+
+
+def fa4(name="flash_attn_func"):
+    """FlashAttention-4's function `name` (flash_attn.cute), or None where it is not installed."""
+    try:
+        import flash_attn.cute as cute
+    except Exception:
+        return None
+    return getattr(cute, name, None)
 
 
 def families(backend):
@@ -130,6 +141,12 @@ def runner(backend, q, k, v, causal, mode):
 
         def fwd():
             return tfb.flash_attn(q, k, v, is_causal=causal, enable_gqa=gqa)
+    elif backend == "fa4":
+        flash4 = fa4()
+
+        def fwd():  # (B, L, H, E) views of the same memory; GQA by k/v's head count
+            out = flash4(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
     else:
         def fwd():
             with sdpa_kernel(BACKENDS[backend]):
@@ -185,7 +202,7 @@ def main(argv=None):
     p.add_argument("--causal", default="0,1")
     p.add_argument("--group", type=int, default=1, help="query heads per kv head (GQA; 1: as many kv heads)")
     p.add_argument("--modes", default="fwd,fwdbwd")
-    p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient")
+    p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient,fa4")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--sync", action="store_true",
@@ -202,6 +219,9 @@ def main(argv=None):
     if "ours-sm80" in backends and not sm90_serves_forward():
         backends.remove("ours-sm80")
         notes.append("ours-sm80 left out: no sm90 forward runs here, so ours is sm80 already")
+    if "fa4" in backends and fa4() is None:
+        backends.remove("fa4")
+        notes.append("fa4 left out: flash_attn.cute (pip install flash-attn-4) is not installed")
     print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, "
           f"{'GQA %d query heads per kv head, ' % args.group if args.group > 1 else ''}"

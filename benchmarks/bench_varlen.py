@@ -24,6 +24,7 @@ from torch.nn.attention.varlen import varlen_attn
 
 import torch_flash_backend as tfb
 from torch_flash_backend import _router
+from bench_sdpa import fa4
 
 ops = torch.ops.torch_flash_backend
 
@@ -37,14 +38,6 @@ def lengths(kind: str, total: int, gen: torch.Generator) -> list[int]:
         lens.append(int(torch.randint(low, high + 1, (1,), generator=gen)))
     lens[-1] -= sum(lens) - total
     return [n for n in lens if n > 0]
-
-
-def fa4():
-    try:
-        from flash_attn.cute import flash_attn_varlen_func
-    except Exception:  # not installed here
-        return None
-    return flash_attn_varlen_func
 
 
 def timed(fn, reps: int, warmup: int) -> float:
@@ -73,7 +66,7 @@ def main():
     parser.add_argument("--window", type=int, default=0)
     args = parser.parse_args()
     e, h = args.head_dim, args.heads
-    flash4 = fa4()
+    flash4 = fa4("flash_attn_varlen_func")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, E {e}, {h} heads; TFLOP/s "
           f"(best of {args.rounds} rounds in turns); FA4: {'flash_attn.cute' if flash4 else 'not installed'}")
     print("| batch | tokens | seqs | longest | causal | mode | PyTorch | ours | ours dense | FA4 | ours / PyTorch |")
