@@ -1,23 +1,23 @@
 // FP8's V transpose: FP8 wgmma reads its B operand K-major, so P V wants V
 // with the keys contiguous, while TMA lands V's tiles with the head dim
 // contiguous. The producer warpgroup rewrites each landed tile into a second
-// ring, 4 keys x 4 dims per thread step: four 32-bit loads, a byte
-// transpose in registers (__byte_perm), four 32-bit stores.
+// ring, 16 keys x 32 dims per warp step: one ldmatrix.trans of four 8x8
+// 16-bit matrices (keys x dim pairs) gives each lane, per dim pair, two
+// keys' bytes; four byte permutes make them words of one dim and four keys;
+// one stmatrix writes those words as four 8x8 matrices (dims x key pairs).
 //
 // The keys go in the order P's registers hold them. An accumulator gives a
 // thread, per row and 16 keys, columns {2t, 2t+1, 2t+8, 2t+9} (t its lane
 // in the quad), and an 8-bit A operand wants 4 consecutive k from each lane:
 // so P's registers are used as they are, and position 4t + i of each 16 keys
 // of the transposed tile holds key key_of_position(i) + 2t (the sum over k
-// does not care about its order).
+// does not care about its order). ldmatrix.trans hands lane 4c + t keys 2t
+// and 2t + 1 of dim pair c, from the group's first 8 keys and from its last
+// 8: exactly that order once permuted.
 //
-// Lanes: 4 (t) x 8 (head-dim words); a store's row is rotated per lane pair
-// so that the 32 stores of a warp fall in 32 banks under the 128- and
-// 64-byte swizzles (unrotated, 8 lanes shared a bank). Addresses are byte
-// offsets worked out once per thread: the swizzle (an XOR of a row's bits
-// into its 16-byte column) commutes with the steps' constant offsets, so a
-// step costs an add or an XOR per access (through CuTe's layouts the
-// address arithmetic outweighed the transpose itself).
+// Addresses are byte offsets worked out once per lane: the swizzle (an XOR
+// of a row's bits into its 16-byte column) commutes with the steps' constant
+// offsets, so a step costs an add and an XOR per matrix address.
 #pragma once
 
 #include <cstdint>
@@ -62,47 +62,46 @@ CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, in
   static_assert(kKeys % 64 == 0 && kDim % 32 == 0);
   constexpr int kGroupsPerWarp = kKeys / 16 / 4;  // 16-key groups: warp w takes w, w + 4, ...
   const int lane = thread_idx % 32, warp = thread_idx / 32;
-  const int t = lane % 4, word = lane / 4;
-  const int rot = (word >> 1) & 3;  // rotation of this lane's four output rows
-
-  // Step (group g, 32-dim block b): loads at src_row[i] + g 16-row offset,
-  // the column XORed with the block's; stores at dst_row[j] + the block's
-  // rows, the column XORed with the group's.
-  int src_row[4], dst_row[4], dst_xor[4];
-  CUTE_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    src_row[i] = Src::offset(2 * t + key_of_position(i), 4 * word);
-    const int d = 4 * word + ((i + rot) & 3);
-    dst_row[i] = d * Dst::kWidth + 4 * t;
-    dst_xor[i] = Dst::offset(d, 0) - d * Dst::kWidth;  // the row's swizzle of its 16-byte columns
-  }
+  const int t = lane % 4;
+  // Lane 8m + r addresses row r of matrix m: for the load, key r of the
+  // group's first (m even) or last 8, dims 0-15 (m < 2) or 16-31 of the
+  // block; for the store, dim 2r + (m odd) (+ 16 for m >= 2) of the block,
+  // the group's 16 key positions.
+  const int m = lane / 8, r = lane % 8;
+  const int src_lane = swizzled<Src::kWidth>((8 * (m & 1) + r) * Src::kWidth + 16 * (m >> 1));
+  const int dst_lane = swizzled<Dst::kWidth>((2 * r + (m & 1) + 16 * (m >> 1)) * Dst::kWidth);
+  const uint32_t src_base = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  const uint32_t dst_base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   CUTE_UNROLL
   for (int gi = 0; gi < kGroupsPerWarp; ++gi) {
     const int group = warp + 4 * gi;
-    const int key0 = group * 16 + 2 * t;
+    // A lane's words hold keys 16 group + 2t + {0, 1, 8, 9} (bytes 0-3).
+    uint32_t keep = 0xffffffffu;
+    if (keys < kKeys) {
+      keep = 0;
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) keep |= (group * 16 + 2 * t + key_of_position(i) < keys ? 0xffu : 0u) << (8 * i);
+    }
+    const int col = group * 16;  // the group's 16 key positions in a dst row
     CUTE_UNROLL
     for (int b = 0; b < kDim / 32; ++b) {
       constexpr int kBlocksPerAtom = Src::kWidth / 32;
-      uint32_t in[4];
-      CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        const int at = (b / kBlocksPerAtom) * (kKeys * Src::kWidth) + group * 16 * Src::kWidth +
-                       (src_row[i] ^ ((b % kBlocksPerAtom) * 32));
-        in[i] = key0 + key_of_position(i) < keys ? *reinterpret_cast<uint32_t const*>(src + at) : 0u;
-        // Rotated by rot bytes: out[j] below is then dim + (j + rot) % 4.
-        in[i] = __funnelshift_r(in[i], in[i], 8 * rot);
-      }
-      const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140), hi01 = __byte_perm(in[0], in[1], 0x7362);
-      const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140), hi23 = __byte_perm(in[2], in[3], 0x7362);
-      const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                               __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-      CUTE_UNROLL
-      for (int j = 0; j < 4; ++j) {
-        const int col = group * 16;  // of this lane's 4 keys, less 4t
-        const int at = (col / Dst::kWidth) * (kDim * Dst::kWidth) + b * 32 * Dst::kWidth + dst_row[j] +
-                       ((col % Dst::kWidth) ^ dst_xor[j]);
-        *reinterpret_cast<uint32_t*>(dst + at) = out[j];
-      }
+      const uint32_t from = src_base + (b / kBlocksPerAtom) * (kKeys * Src::kWidth) + group * 16 * Src::kWidth +
+                            (src_lane ^ ((b % kBlocksPerAtom) * 32));
+      const uint32_t to = dst_base + (col / Dst::kWidth) * (kDim * Dst::kWidth) + b * 32 * Dst::kWidth +
+                          (dst_lane ^ (col % Dst::kWidth));
+      uint32_t v[4];
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                   : "r"(from)
+                   : "memory");
+      // v[0] / v[1]: keys 2t, 2t + 1 / 2t + 8, 2t + 9 of dim pair lane / 4
+      // (low dim, high dim, low, high); v[2], v[3]: the same, 16 dims on.
+      const uint32_t w[4] = {__byte_perm(v[0], v[1], 0x6420) & keep, __byte_perm(v[0], v[1], 0x7531) & keep,
+                             __byte_perm(v[2], v[3], 0x6420) & keep, __byte_perm(v[2], v[3], 0x7531) & keep};
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(to), "r"(w[0]),
+                   "r"(w[1]), "r"(w[2]), "r"(w[3])
+                   : "memory");
     }
   }
 }
