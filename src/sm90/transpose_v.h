@@ -95,8 +95,10 @@ CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, in
                    : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                    : "r"(from)
                    : "memory");
-      // v[0] / v[1]: keys 2t, 2t + 1 / 2t + 8, 2t + 9 of dim pair lane / 4
-      // (low dim, high dim, low, high); v[2], v[3]: the same, 16 dims on.
+      // With c = lane / 4, v[0]'s bytes are (key 2t: dims 2c, 2c + 1), (key
+      // 2t + 1: the same dims); v[1] the same for keys 2t + 8, 2t + 9; v[2]
+      // and v[3] as v[0] and v[1], 16 dims on. w: dims 2c, 2c + 1, 16 + 2c,
+      // 17 + 2c, keys in P's order.
       const uint32_t w[4] = {__byte_perm(v[0], v[1], 0x6420) & keep, __byte_perm(v[0], v[1], 0x7531) & keep,
                              __byte_perm(v[2], v[3], 0x6420) & keep, __byte_perm(v[2], v[3], 0x7531) & keep};
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(to), "r"(w[0]),
