@@ -16,7 +16,8 @@ GPU's work, not the host's launch overhead (--sync waits after every call).
 Backends: "ours" runs our ops with every kernel family (on Hopper the sm90
 forward and the sm80 backward), "ours-sm80" the same ops pinned to sm80 with
 TFB_KERNEL_FAMILIES (left out where it would equal "ours"); flash, cudnn and
-efficient are PyTorch's; fa4 is FlashAttention-4's flash_attn_func (pip
+efficient are PyTorch's, default its SDPA with no backend chosen (what a
+model gets without us); fa4 is FlashAttention-4's flash_attn_func (pip
 package flash-attn-4; left out where it is not installed), on the same
 (B, L, H, E) memory. The table prints as markdown, ready for RESULTS.md;
 notes (the kernels ours runs, backends that refused a shape) follow it.
@@ -106,7 +107,7 @@ def make_inputs(b, h, l, e, dtype, grad, group=1):
 # ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
 # fixed order by the backward; the forward is the same).
 OURS = ("ours", "ours-sm80", "ours-det")
-RATIO_TO = ("ours-sm80", "flash", "cudnn", "fa4")
+RATIO_TO = ("ours-sm80", "default", "flash", "cudnn", "fa4")
 
 
 def fa4(name="flash_attn_func"):
@@ -147,6 +148,9 @@ def runner(backend, q, k, v, causal, mode):
         def fwd():  # (B, L, H, E) views of the same memory; GQA by k/v's head count
             out = flash4(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
             return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    elif backend == "default":
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     else:
         def fwd():
             with sdpa_kernel(BACKENDS[backend]):

@@ -22,6 +22,7 @@ namespace tfb {
 // Sizes of one attention call, read from SDPA-layout (B, H, L, E) inputs.
 struct AttnShape {
   int64_t batch, heads_q, heads_kv, len_q, len_k, head_dim;
+  int64_t head_dim_v;  // v's (and out's); equal to q's in these ops today
 };
 
 inline void check_4d(const at::Tensor& t, const char* name) {
@@ -54,7 +55,7 @@ inline AttnShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::T
   const int64_t hq = q.size(1), hkv = k.size(1);
   TORCH_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0,
               "q heads (", hq, ") must be a multiple of k/v heads (", hkv, ") for grouped-query attention");
-  return {q.size(0), hq, hkv, q.size(2), k.size(2), q.size(3)};
+  return {q.size(0), hq, hkv, q.size(2), k.size(2), q.size(3), v.size(3)};
 }
 
 // Checks the extra inputs of the backward against the forward's shape.

@@ -24,11 +24,11 @@ namespace {
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
 #define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
-                        seqlens, passes, head_dims)                                                             \
+                        seqlens, pads, passes, head_dims)                                                       \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok          \
                   " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks                             \
-                  " additive_masks=" additive_masks " windows=" windows " seqlens=" seqlens " passes=" passes      \
-                  " head_dims=" head_dims);
+                  " additive_masks=" additive_masks " windows=" windows " seqlens=" seqlens " pads=" pads         \
+                  " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;

@@ -13,9 +13,11 @@ The sm80 pass also runs the decode family's grid (split-KV, short queries);
 "decode" runs that grid alone, head dim 256 included; "masks" the tiled
 families' masks (boolean and additive), forward and backward; "windows" their
 bands with a left edge (sliding windows), forward and backward; "varlen"
-packed variable-length batches, forward and backward, wrong offsets among them.
+packed variable-length batches, forward and backward, wrong offsets among them;
+"headdims" head dims between the built ones (run on the next larger kernel,
+their extra columns padded on chip), both family passes and packed batches.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen|headdims]
     compute-sanitizer --tool racecheck python scripts/sanitize_small.py varlen 64
 
 An argument runs that pass alone (racecheck takes minutes per pass); a second,
@@ -27,6 +29,7 @@ import torch
 
 import torch_flash_backend as tfb
 from torch_flash_backend import _router, testing
+from torch_flash_backend._library import serving_kernel
 
 ops = torch.ops.torch_flash_backend
 
@@ -189,8 +192,8 @@ def varlen(head_dims):
     whose values are wrong (past the tokens, falling, negative, a sequence
     longer than max_q), which the kernels clamp: no access outside the tensors."""
     torch.manual_seed(0)
-    readers = {str(k) for k in _router.probe.kernels() if k.seqlens and k.pass_ == "bwd"}
-    families = sorted({k.split("_")[0] for k in readers})
+    readers = [k for k in _router.probe.kernels() if k.seqlens and k.pass_ == "bwd"]
+    families = sorted({k.family for k in readers})
     lens_q = [0, 130, 1, 77, 0, 700, 5, 0]
     lens_k = [9, 200, 0, 77, 3, 650, 64, 0]
     cu = [torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
@@ -199,7 +202,7 @@ def varlen(head_dims):
         q = torch.randn(sum(lens_q) + 3, 8, e, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(sum(lens_k), 2, e, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        for family in (f for f in families if f"{f}_bwd_bf16_hdim{e}" in readers):
+        for family in (f for f in families if serving_kernel(readers, f, "bwd", "bf16", e, e) is not None):
             for i, (causal, left, right) in enumerate(((False, -1, -1), (True, -1, -1), (True, 50, -1), (False, 3, 9))):
                 out, lse = ops.varlen_fwd(q, k, v, *cu, max(lens_q), max(lens_k), None, causal, family, None, left,
                                           right)
@@ -270,6 +273,15 @@ def main():
         dims = [int(e) for e in sys.argv[2].split(",")] if len(sys.argv) > 2 else head_dims + [32, 256]
         varlen(dims)
         print(f"sanitize grid ran: varlen, head dims {dims}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "headdims":  # head dims without a kernel of their own
+        dims = [8, 40, 80, 136, 200]
+        for families in passes:
+            with testing.kernel_families(*families):
+                grid(dims)
+        varlen([40, 80])
+        print(f"sanitize grid ran: head dims {dims} (packed {[40, 80]}), families sm80"
+              f"{', default' if len(passes) > 1 else ''}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "fp8":  # the FP8 grid alone
         print(f"sanitize grid ran: fp8, head dims {fp8()}")

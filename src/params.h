@@ -132,7 +132,13 @@ struct AttnFwdParams {
   int heads_kv;  // heads_q % heads_kv == 0; q head h reads kv head h / (heads_q / heads_kv)
   int len_q;     // L >= 1 (the longest batch's with seqlens.cu_q); per batch: seqlen_q(b)
   int len_k;     // S >= 1 (likewise); per batch: seqlen_k(b)
-  int head_dim;  // E (q, k and v share it)
+  // The kernel's head dim E: its tiles' columns, for q, k, v and o alike
+  // (csrc/cuda/families.cpp serving_head_dim picks the instantiation). The
+  // tensors in memory may have fewer: q and k qk_dim columns, v and o (dout,
+  // dv) v_dim. Loads zero-fill the columns past them on chip and stores leave
+  // them out, so the padded columns add nothing to Q K^T or P V.
+  int head_dim;
+  int qk_dim, v_dim;  // each <= head_dim
   int element_bytes = 2;  // q, k and v's: 2, or 1 for FP8 (e4m3) inputs, whose O is bfloat16
 
   float scale;       // softmax scale applied to q.k

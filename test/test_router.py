@@ -114,7 +114,9 @@ def test_head_dims_differ(fake):
 
 
 def test_head_dim_not_built(fake):
-    assert "no kernel has head dim 72 for bf16; head dims built: 32, 64, 96, 128, 192, 256" in reason(*qkv(e=72))
+    assert reason(*qkv(e=36)) == ("no kernel has head dim 36 for bf16; head dims built: 32, 64, 96, 128, 192, 256 "
+                                  "(a smaller multiple of 8 runs on the next larger)")
+    assert tfb.explain(*qkv(e=72)).kernel == "sm80_fwd_bf16_hdim96"  # test_head_dims.py has the rest
 
 
 def test_attn_mask(fake):
@@ -255,7 +257,7 @@ def test_hopper_forward_sm90_backward_sm80(fake):
                          "backward by sm80_bwd_bf16_hdim128)"
         with torch.no_grad():
             assert tfb.explain(*qkv(e=128, requires_grad=True)).backward_kernel is None
-        # sm90 has no head dim 32: sm80 serves both directions.
+        # sm90 has no head dim 32: sm80's own serves both directions (before sm90's 64, padded).
         d = tfb.explain(*qkv(e=32, dtype=torch.float16, requires_grad=True))
         assert (d.kernel, d.backward_kernel) == ("sm80_fwd_fp16_hdim32", "sm80_bwd_fp16_hdim32"), str(d)
 
@@ -343,8 +345,9 @@ def test_kernel_families_pins_sm90(fake):
         assert reason(*qkv(e=96, requires_grad=True)) == (
             "inputs require grad but no backward kernel was built for bf16 head dim 96 "
             "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
-        assert reason(*qkv(e=32)) == ("no kernel has head dim 32 for bf16 (families allowed by "
-                                      "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 96, 128, 192, 256")
+        assert reason(*qkv(e=36)) == ("no kernel has head dim 36 for bf16 (families allowed by "
+                                      "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 96, 128, 192, 256 "
+                                      "(a smaller multiple of 8 runs on the next larger)")
     with testing.pretend_cuda(capability=(8, 0)), testing.kernel_families("sm90"):
         assert "TFB_KERNEL_FAMILIES='sm90' allows none of the kernel families for compute capability 8.0" \
             in reason(*qkv())

@@ -65,9 +65,10 @@ class Kernel(str):
     head the family serves at most, the group's heads times the query length; 0:
     no limit), masks (this pass reads a boolean attn_mask), additive_masks (and an
     additive one), windows (a band's left edge, window_left), seqlens (per-sequence
-    lengths: packed variable-length batches and seqused_k), smem_bytes,
-    tile_rows and tile_keys (the tile whose mask bytes the kernel skips together;
-    0 where it reads no mask)."""
+    lengths: packed variable-length batches and seqused_k), pads (serves smaller
+    head dims, and a value head dim unlike the query's: serving_kernel),
+    smem_bytes, tile_rows and tile_keys (the tile whose mask bytes the kernel
+    skips together; 0 where it reads no mask)."""
 
     family: str
     pass_: str
@@ -82,6 +83,7 @@ class Kernel(str):
     additive_masks: bool
     windows: bool
     seqlens: bool
+    pads: bool
     smem_bytes: int
     tile_rows: int
     tile_keys: int
@@ -101,6 +103,7 @@ class Kernel(str):
         kernel.additive_masks = kernel.pass_ in values.get("additive_masks", values.get("masks", "")).split(",")
         kernel.windows = kernel.pass_ in values.get("windows", "").split(",")
         kernel.seqlens = kernel.pass_ in values.get("seqlens", "").split(",")
+        kernel.pads = kernel.pass_ in values.get("pads", "").split(",")
         return kernel
 
     def reads_mask(self, mask_kind: str) -> bool:
@@ -112,6 +115,22 @@ class Kernel(str):
 
     def runs_on(self, capability: tuple[int, int]) -> bool:
         return _cc_in(capability, self.min_cc, self.max_cc)
+
+
+def serving_kernel(kernels, family: str, pass_: str, dtype: str, qk_dim: int, v_dim: int) -> Kernel | None:
+    """The instantiation of (family, pass_, dtype) among these records that runs
+    q and k of qk_dim columns and v of v_dim: csrc/cuda/families.cpp
+    serving_head_dim's rule (test_head_dims.py holds the two together) — the
+    same head dim where one was built, else, for a pass that pads, the smallest
+    one at least as large as both when both are multiples of 8; None: none."""
+    mine = sorted((k for k in kernels if k.family == family and k.pass_ == pass_ and k.dtype == dtype),
+                  key=lambda k: k.head_dim)
+    exact = next((k for k in mine if k.head_dim == qk_dim == v_dim), None)
+    if exact is not None or not mine or not mine[0].pads:
+        return exact
+    if qk_dim <= 0 or v_dim <= 0 or qk_dim % 8 or v_dim % 8:
+        return None
+    return next((k for k in mine if k.head_dim >= max(qk_dim, v_dim)), None)
 
 
 def _cc_in(capability: tuple[int, int], min_cc: int, max_cc: int) -> bool:

@@ -17,7 +17,7 @@ import torch
 
 from . import _checks
 from ._checks import check_band, check_sdpa_args, mask_dtype_problem, mask_shape_problem, misaligned
-from ._library import align_bytes, built_kernel_set, family_limits, family_runs_on
+from ._library import align_bytes, built_kernel_set, family_limits, family_runs_on, serving_kernel
 
 _ops = torch.ops.torch_flash_backend
 
@@ -490,9 +490,15 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         return _fallback(f"{FAMILIES_ENV}={env!r} allows none of the kernel families for "
                          f"compute capability {capability[0]}.{capability[1]} ({', '.join(_families(capability))})")
     only = "" if allowed is None else f" (families allowed by {FAMILIES_ENV}: {', '.join(families)})"
-    suffix = f"_{dtype_name}_hdim{e}"
-    by_name = {str(k): k for k in kernels}
-    fwd_kernels = [by_name[f"{f}_fwd{suffix}"] for f in families if f"{f}_fwd{suffix}" in by_name]
+
+    def serving(pass_):
+        """The pass's kernels that run head dim e, in the registry's order, those
+        built for e first: a head dim below a kernel's runs on it (its columns
+        padded on chip) only where no family has one of its own."""
+        found = [k for k in (serving_kernel(kernels, f, pass_, dtype_name, e, e) for f in families) if k is not None]
+        return sorted(found, key=lambda k: k.head_dim != e)
+
+    fwd_kernels = serving("fwd")
     if packed:
         tiled = [k for k in fwd_kernels if not k.max_rows]
         fwd_kernels = [k for k in fwd_kernels if k.seqlens]
@@ -540,15 +546,15 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
                              f"forward cannot read, and no other forward was built for {dtype_name} head dim "
                              f"{e}{only}")
         dims = sorted({int(n.rsplit("hdim", 1)[1]) for n in kernels if f"_fwd_{dtype_name}_" in n and n.split("_")[0] in families})
+        pads = " (a smaller multiple of 8 runs on the next larger)" if any(
+            k.pads for k in kernels if k.family in families) else ""
         return _fallback(f"no kernel has head dim {e} for {dtype_name}{only}; head dims built: "
-                         f"{', '.join(map(str, dims)) or 'none'}")
+                         f"{', '.join(map(str, dims)) or 'none'}{pads}")
     if not needs_grad:
         return Decision(True, str(fwd), detail)
     why_not = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}{only}"
-    for family in families:
-        bwd = by_name.get(f"{family}_bwd{suffix}")
-        if bwd is None:
-            continue
+    for bwd in serving("bwd"):
+        family = bwd.family
         if packed and not bwd.seqlens:
             why_not = PACKED_GRAD_REASON
             continue

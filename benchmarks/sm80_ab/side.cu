@@ -26,7 +26,7 @@ void fill_common(P& p, const Buffers& b, int B, int H, int L, int E, bool causal
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = int64_t(L) * H * E;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = E;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * E;
-  p.batch = B; p.heads_q = p.heads_kv = H; p.len_q = p.len_k = L; p.head_dim = E;
+  p.batch = B; p.heads_q = p.heads_kv = H; p.len_q = p.len_k = L; p.head_dim = p.qk_dim = p.v_dim = E;
   p.scale = 1.f / std::sqrt(float(E)); p.scale_log2 = p.scale * 1.4426950408889634f; set_causal(p, causal);
   cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0);
 }

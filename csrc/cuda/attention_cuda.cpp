@@ -148,7 +148,7 @@ void fill_varlen(AttnFwdParams& p, const VarlenShape& s, const at::Tensor& q, co
   check_vector_aligned(as_rows(v), "v");
   TORCH_CHECK(s.total_q < INT32_MAX && s.total_k < INT32_MAX, "packed batches hold fewer than 2^31 tokens");
   fill_fwd(p, as_rows(q), as_rows(k), as_rows(v), as_rows(out), lse.unsqueeze(0),
-           {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim}, softmax_scale(scale, s.head_dim),
+           {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim, s.head_dim}, softmax_scale(scale, s.head_dim),
            info.num_sms);
   fill_mask(p, at::Tensor(), band);
   p.batch = static_cast<int>(s.batch);

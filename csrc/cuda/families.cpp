@@ -1,5 +1,6 @@
 #include "families.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <c10/util/Exception.h>
@@ -27,15 +28,16 @@ struct Limits {
   const char* additive_masks;  // those that read an additive one
   const char* windows;         // those that read a band's left edge
   const char* seqlens;         // those that read per-sequence lengths
+  const char* pads;            // those that serve smaller head dims (serving_head_dim)
 };
 constexpr Limits kLimits[] = {
 #define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
-                   seqlens, passes, head_dims)                                                          \
+                   seqlens, pads, passes, head_dims)                                                    \
   {#family, min_cc, max_cc, align_bytes,                                                                 \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes          \
    " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks " windows=" windows          \
-   " seqlens=" seqlens,                                                                                  \
-   masks, additive_masks, windows, seqlens},
+   " seqlens=" seqlens " pads=" pads,                                                                    \
+   masks, additive_masks, windows, seqlens, pads},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -71,7 +73,8 @@ const Table& table() {
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
       list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass),
-                      lists(l.windows, pass), lists(l.seqlens, pass), has, can_run, workspace_bytes, run, smem_bytes, tile});
+                      lists(l.windows, pass), lists(l.seqlens, pass), lists(l.pads, pass), has, can_run,
+                      workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
   add(t.pass, #family, #pass, &family::has_##pass, &family::can_run_##pass,                           \
@@ -114,7 +117,7 @@ std::string cc_range(int min_cc, int max_cc) {
 template <class Params>
 const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernels, const char* pass,
                                   const std::optional<std::string_view>& family, const DeviceInfo& info,
-                                  DType dtype, const Params& p) {
+                                  DType dtype, Params& p) {
   const bool masked = p.mask.in_memory();
   const bool additive = p.mask.mode == MaskMode::kAdditive;
   const bool window = p.mask.mode == MaskMode::kBand && p.mask.window_left >= 0;
@@ -127,9 +130,13 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
               "which torch_flash_backend.explain() reports)");
   for (const auto& k : kernels) {
     if (k.family != *family) continue;
-    TORCH_CHECK(k.has(dtype, p.head_dim), "family='", *family, "' has no ", pass, " kernel built for ",
-                dtype_name(dtype), " head_dim=", p.head_dim, " (built: ", built_names(kernels, dtype, p.head_dim),
+    const int head_dim = k.serving_head_dim(dtype, p.qk_dim, p.v_dim);
+    TORCH_CHECK(head_dim > 0, "family='", *family, "' has no ", pass, " kernel for ", dtype_name(dtype),
+                " head dims q/k ", p.qk_dim, ", v ", p.v_dim, " (built: ",
+                built_names(kernels, dtype, std::max(p.qk_dim, p.v_dim)), k.pads ? "; smaller head dims that are "
+                "multiples of 8 run on the next larger one" : "; it serves the head dims it was built for alone",
                 ")");
+    p.head_dim = head_dim;
     TORCH_CHECK(k.runs_on(info), "family='", *family, "' does not run on compute capability ", info.major, ".",
                 info.minor, " (it runs on ", cc_range(k.min_cc, k.max_cc), ")");
     TORCH_CHECK(k.reads_mask(masked, additive), "family='", *family, "' has no ", pass, " kernel that reads ",
@@ -148,6 +155,22 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
 
 }  // namespace
 
+// The one rule for which instantiation serves a call's head dims (the
+// router's _library.serving_head_dim restates it for the records, and a test
+// holds the two together): the same head dim where one was built; for a pass
+// that pads, the smallest built one at least as large as both, when both are
+// multiples of 8 (whole 16-byte vectors: the zero-filled columns never split
+// one). 0: none.
+template <class Params>
+int PassKernels<Params>::serving_head_dim(DType dtype, int qk_dim, int v_dim) const {
+  if (qk_dim == v_dim && has(dtype, qk_dim)) return qk_dim;
+  if (!pads || qk_dim <= 0 || v_dim <= 0 || qk_dim % 8 != 0 || v_dim % 8 != 0) return 0;
+  for (int d : {TFB_HEAD_DIMS_ALL}) {
+    if (d >= std::max(qk_dim, v_dim) && has(dtype, d)) return d;
+  }
+  return 0;
+}
+
 template <class Params>
 std::string PassKernels<Params>::name(DType dtype, int head_dim) const {
   return std::string(family) + "_" + pass + "_" + dtype_name(dtype) + "_hdim" + std::to_string(head_dim);
@@ -156,12 +179,12 @@ template struct PassKernels<AttnFwdParams>;
 template struct PassKernels<AttnBwdParams>;
 
 const FwdKernels& forward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
-                                  DType dtype, const AttnFwdParams& p) {
+                                  DType dtype, AttnFwdParams& p) {
   return choose(table().fwd, "forward", family, info, dtype, p);
 }
 
 const BwdKernels& backward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
-                                   DType dtype, const AttnBwdParams& p) {
+                                   DType dtype, AttnBwdParams& p) {
   return choose(table().bwd, "backward", family, info, dtype, p);
 }
 

@@ -28,6 +28,7 @@ struct PassKernels {
   bool additive_masks;  // and an additive one
   bool windows;         // the registry's: this pass reads a band's left edge (window_left)
   bool seqlens;         // the registry's: this pass reads per-sequence lengths (params.seqlens)
+  bool pads;            // the registry's: this pass serves smaller head dims (serving_head_dim)
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);
@@ -41,6 +42,8 @@ struct PassKernels {
     const int cc = info.major * 10 + info.minor;
     return min_cc <= cc && (max_cc == 0 || cc <= max_cc);
   }
+  // The built head dim that runs q/k of qk_dim columns and v of v_dim; 0: none.
+  int serving_head_dim(DType dtype, int qk_dim, int v_dim) const;
   // "sm80_fwd_bf16_hdim128", as built_kernels() and the router spell it.
   std::string name(DType dtype, int head_dim) const;
 };
@@ -48,12 +51,13 @@ using FwdKernels = PassKernels<AttnFwdParams>;
 using BwdKernels = PassKernels<AttnBwdParams>;
 
 // The kernels for these params: `family`'s (raising, naming it, when it has no
-// such pass, no instantiation for the dtype and head dim, or cannot run on
-// this device or these strides; raising when it is not given).
+// such pass, no instantiation for the dtype and head dims, or cannot run on
+// this device or these strides; raising when it is not given). Sets
+// p.head_dim to the instantiation's (serving_head_dim).
 const FwdKernels& forward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
-                                  DType dtype, const AttnFwdParams& p);
+                                  DType dtype, AttnFwdParams& p);
 const BwdKernels& backward_kernels(const std::optional<std::string_view>& family, const DeviceInfo& info,
-                                   DType dtype, const AttnBwdParams& p);
+                                   DType dtype, AttnBwdParams& p);
 
 // built_kernels()'s records, one per compiled instantiation:
 // "<name> family=… pass=… dtype=… head_dim=… min_cc=… max_cc=… stride0_ok=… align_bytes=… smem_bytes=…

@@ -1,5 +1,6 @@
 #include "fill_params.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -53,7 +54,11 @@ void fill_fwd(AttnFwdParams& p, const at::Tensor& q, const at::Tensor& k, const 
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.len_q = static_cast<int>(s.len_q);
   p.len_k = static_cast<int>(s.len_k);
-  p.head_dim = static_cast<int>(s.head_dim);
+  // The tensors' head dims; head_dim becomes the kernel's once the family is
+  // chosen (families.h forward_kernels / backward_kernels).
+  p.qk_dim = static_cast<int>(s.head_dim);
+  p.v_dim = static_cast<int>(s.head_dim_v);
+  p.head_dim = std::max(p.qk_dim, p.v_dim);
   p.scale = static_cast<float>(scale);
   p.scale_log2 = scale_log2_of(p.scale);
   p.num_sms = num_sms;

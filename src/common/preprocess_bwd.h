@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
        r += Cfg::kWarps * Cfg::kRowsPerWarp) {
     const int row = row0 + r;
     float sum = 0.f;
-    if (row < len_q && chunk < Cfg::kChunks) {
+    if (row < len_q && chunk * 8 < p.v_dim) {  // o and dout's columns (v_dim <= kHeadDim)
       const uint4 ov = *reinterpret_cast<const uint4*>(o + row * p.o_row_stride + chunk * 8);
       const uint4 dv = *reinterpret_cast<const uint4*>(dout + row * p.do_row_stride + chunk * 8);
       const Element* oe = reinterpret_cast<const Element*>(&ov);

@@ -25,6 +25,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/constants.h"
 #include "common/fragment.h"
 
 namespace tfb {
@@ -130,7 +131,7 @@ struct OnlineSoftmax {
       const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
       const bool empty = sum == 0.f || sum != sum;
       const float inv = empty ? out_scale : out_scale / sum;
-      lse(r) = empty ? INFINITY : row_max(r) * scale + (__logf(sum) - float(kLog2PScale) * 0.69314718f);
+      lse(r) = empty ? INFINITY : row_max(r) * scale + (__logf(sum) - float(kLog2PScale) * kLn2Float);
 #pragma unroll
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;
     }

@@ -30,7 +30,9 @@ inline bool fits(const AttnFwdParams& p) {
   // Per-batch lengths: keys in use (seqused_k), or a packed batch (both
   // offsets), read through params.h's accessors; not beside a mask in memory.
   const bool lengths_ok = !p.seqlens.cu_q == !p.seqlens.cu_k && (!masked(p) || (!p.seqlens.cu_q && !p.seqlens.used_k));
-  return mask_ok && lengths_ok && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 &&
+  // Its loads and stores move whole rows of the kernel's head dim (the family does not pad).
+  const bool dims_ok = p.qk_dim == p.head_dim && p.v_dim == p.head_dim;
+  return mask_ok && lengths_ok && dims_ok && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 &&
          p.len_q <= kMaxQueryLen && p.len_k >= 1 && p.batch >= 1 && rows_per_kv_head(p) <= kMaxRows &&
          p.heads_kv <= 65535 && p.batch <= 65535;
 }

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
 
   Element* dq = static_cast<Element*>(p.dq) + p.dq_offset(batch) + head * p.dq_head_stride + m0 * p.dq_row_stride;
   Tensor g = make_tensor(make_gmem_ptr(dq), Shape<Int<kM>, Int<kE>>{}, make_stride(p.dq_row_stride, _1{}));
-  store_tile<typename Traits::GmemStore>(sdQ, g, len_q - m0, tid);
+  store_tile<typename Traits::GmemStore>(sdQ, g, len_q - m0, p.qk_dim, tid);
 }
 
 template <class Traits>

@@ -29,11 +29,11 @@ struct BwdEpilogue {
     copy(r2s, thr.retile_S(r), dst);
   }
 
-  CUTE_DEVICE void write(Element* s, void* out, int64_t row_stride, int rows_valid) const {
+  CUTE_DEVICE void write(Element* s, void* out, int64_t row_stride, int rows_valid, int cols) const {
     Tensor g = make_tensor(make_gmem_ptr(static_cast<Element*>(out)), Shape<Int<kN>, Int<kE>>{},
                            make_stride(row_stride, _1{}));
     store_tile<typename Traits::GmemStore>(make_tensor(make_smem_ptr(s), typename Traits::SmemLayoutKV{}), g,
-                                           rows_valid, tid);
+                                           rows_valid, cols, tid);
   }
 
   template <class AccdK, class AccdV>
@@ -53,8 +53,8 @@ struct BwdEpilogue {
                   n0 * p.dk_row_stride;
     Element* dv = static_cast<Element*>(p.dv) + p.dv_offset(blk.batch) + blk.head_kv * p.dv_head_stride +
                   n0 * p.dv_row_stride;
-    write(sdK, dk, p.dk_row_stride, blk.len_k - n0);
-    write(sdV, dv, p.dv_row_stride, blk.len_k - n0);
+    write(sdK, dk, p.dk_row_stride, blk.len_k - n0, p.qk_dim);
+    write(sdV, dv, p.dv_row_stride, blk.len_k - n0, p.v_dim);
   }
 };
 

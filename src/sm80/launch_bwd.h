@@ -65,7 +65,10 @@ cudaError_t launch_bwd(const AttnBwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   // Parts with about 100 KB of shared memory a block (sm86, sm89) get no backward.
   if (smem_optin < Config::SmallSmem::kSmemBytes) return cudaErrorNotSupported;
-  if (!HeadBatchGrid::fits(params.heads_q, params.batch)) return cudaErrorInvalidValue;
+  if (!HeadBatchGrid::fits(params.heads_q, params.batch) || params.head_dim != kHeadDim ||
+      params.qk_dim > kHeadDim || params.v_dim > kHeadDim) {
+    return cudaErrorInvalidValue;
+  }
 
   const BwdWorkspace ws = carve_bwd_workspace(params);
   err = launch_bwd_preprocess<Element, kHeadDim>(params, ws, stream);

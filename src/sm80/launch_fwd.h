@@ -31,7 +31,8 @@ cudaError_t launch_kernel(const AttnFwdParams& params, cudaStream_t stream) {
 // in memory is summarised for these tiles into the workspace, fwd_workspace_bytes).
 template <class Traits>
 cudaError_t launch_fwd_with(const AttnFwdParams& params, cudaStream_t stream) {
-  if (params.head_dim != Traits::kHeadDim || params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
+  if (params.head_dim != Traits::kHeadDim || params.qk_dim > params.head_dim || params.v_dim > params.head_dim ||
+      params.heads_kv <= 0 || params.heads_q % params.heads_kv != 0 ||
       params.len_q <= 0 || params.len_k <= 0 || params.batch <= 0 ||
       !HeadBatchGrid::fits(params.heads_q, params.batch)) {
     return cudaErrorInvalidValue;

@@ -91,13 +91,14 @@ struct BwdMainloop {
   template <class Layout>
   CUTE_DEVICE static auto view(Element* ptr, Layout layout) { return make_tensor(make_smem_ptr(ptr), layout); }
 
-  // Rows at and past rows_valid are zero-filled.
+  // Rows at and past rows_valid and columns at and past cols (the tensor's
+  // head dim) are zero-filled.
   template <class Gmem, class Smem>
-  CUTE_DEVICE void load_tile(Gmem const& g, Smem&& s, int rows_valid) const {
+  CUTE_DEVICE void load_tile(Gmem const& g, Smem&& s, int rows_valid, int cols) const {
     typename Traits::GmemLoad tc;
     auto thr = tc.get_thread_slice(tid);
     Tensor coord = thr.partition_S(make_identity_tensor(shape(g)));
-    copy_rows_zfill(tc, thr.partition_S(g), thr.partition_D(s), coord, rows_valid);
+    copy_rows_zfill(tc, thr.partition_S(g), thr.partition_D(s), coord, rows_valid, cols);
   }
 
   CUTE_DEVICE void load_k_v(const AttnBwdParams& p, const BwdBlock& blk) const {
@@ -108,24 +109,24 @@ struct BwdMainloop {
                        n0 * p.v_row_stride;
     using Layout = typename Traits::SmemLayoutKV;
     load_tile(make_tensor(make_gmem_ptr(k), TileKV{}, make_stride(p.k_row_stride, _1{})),
-              view(smem + Traits::kOffK, Layout{}), blk.len_k - n0);
+              view(smem + Traits::kOffK, Layout{}), blk.len_k - n0, p.qk_dim);
     load_tile(make_tensor(make_gmem_ptr(v), TileKV{}, make_stride(p.v_row_stride, _1{})),
-              view(smem + Traits::kOffV, Layout{}), blk.len_k - n0);
+              view(smem + Traits::kOffV, Layout{}), blk.len_k - n0, p.v_dim);
   }
 
   // Q (or dO, with the dO pointer, batch offset and strides) of one step into a stage.
   CUTE_DEVICE void load_rows_of(const void* base, int64_t batch_offset, int64_t head_stride, int64_t row_stride,
-                                const BwdBlock& blk, BwdBlock::Step step, Element* s) const {
+                                int cols, const BwdBlock& blk, BwdBlock::Step step, Element* s) const {
     const int h = step.head_q, m0 = step.m_block * kM;
     const Element* g = static_cast<const Element*>(base) + batch_offset + h * head_stride + m0 * row_stride;
     load_tile(make_tensor(make_gmem_ptr(g), TileQ{}, make_stride(row_stride, _1{})),
-              view(s, typename Traits::SmemLayoutQ{}), blk.len_q - m0);
+              view(s, typename Traits::SmemLayoutQ{}), blk.len_q - m0, cols);
   }
   CUTE_DEVICE void load_q(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.q, blk.q_offset, p.q_head_stride, p.q_row_stride, blk, step, q_buf(stage));
+    load_rows_of(p.q, blk.q_offset, p.q_head_stride, p.q_row_stride, p.qk_dim, blk, step, q_buf(stage));
   }
   CUTE_DEVICE void load_do(const AttnBwdParams& p, const BwdBlock& blk, BwdBlock::Step step, int stage) const {
-    load_rows_of(p.dout, blk.do_offset, p.do_head_stride, p.do_row_stride, blk, step, do_buf(stage));
+    load_rows_of(p.dout, blk.do_offset, p.do_head_stride, p.do_row_stride, p.v_dim, blk, step, do_buf(stage));
   }
 
   // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).

@@ -99,26 +99,36 @@ CUTE_DEVICE void gemm_rs(TiledMma const& mma, Acc& acc, RA const& ra, RB& rb, RB
 
 // Global -> shared with a zero-filling cp.async atom: the thread's partition
 // src/dst has shape (CPY, CPY_ROWS, CPY_COLS) and `coord` is the same partition
-// of an identity tensor. Rows at or past row_limit are not read; their shared
-// copy becomes zeros, so MMAs over them add nothing and never see NaN.
+// of an identity tensor. Rows at or past row_limit and columns at or past
+// col_limit (a tensor's head dim below the kernel's: a multiple of the atom's
+// 8 columns) are not read; their shared copy becomes zeros, so MMAs over them
+// add nothing and never see NaN.
 template <class ZfillAtom, class Src, class Dst, class Coord>
 CUTE_DEVICE void copy_rows_zfill(ZfillAtom const& atom, Src const& src, Dst&& dst, Coord const& coord,
-                                 int row_limit) {
+                                 int row_limit, int col_limit) {
 #pragma unroll
   for (int m = 0; m < size<1>(src); ++m) {
     const bool in_range = get<0>(coord(0, m, 0)) < row_limit;
 #pragma unroll
-    for (int k = 0; k < size<2>(src); ++k) copy(atom.with(in_range), src(_, m, k), dst(_, m, k));
+    for (int k = 0; k < size<2>(src); ++k) {
+      copy(atom.with(in_range && get<1>(coord(0, m, k)) < col_limit), src(_, m, k), dst(_, m, k));
+    }
   }
 }
 
-// Registers/shared -> global, skipping rows at or past row_limit.
+// Registers/shared -> global, skipping rows at or past row_limit and columns
+// at or past col_limit.
 template <class TiledCopy, class Src, class Dst, class Coord>
 CUTE_DEVICE void copy_rows_guarded(TiledCopy const& tiled_copy, Src const& src, Dst&& dst, Coord const& coord,
-                                   int row_limit) {
+                                   int row_limit, int col_limit) {
 #pragma unroll
   for (int m = 0; m < size<1>(src); ++m) {
-    if (get<0>(coord(0, m, 0)) < row_limit) copy(tiled_copy, src(_, m, _), dst(_, m, _));
+    if (get<0>(coord(0, m, 0)) < row_limit) {
+#pragma unroll
+      for (int k = 0; k < size<2>(src); ++k) {
+        if (get<1>(coord(0, m, k)) < col_limit) copy(tiled_copy, src(_, m, k), dst(_, m, k));
+      }
+    }
   }
 }
 

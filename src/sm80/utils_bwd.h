@@ -49,17 +49,18 @@ CUTE_DEVICE void gemm_ss_tile(Acc& acc, TiledMma const& mma, SA const& sA, SB co
   }
 }
 
-// Shared (rows, cols) tile -> global tile, rows below rows_valid only, through
-// registers in 16-byte vectors per thread.
+// Shared (rows, cols) tile -> global tile, rows below rows_valid and columns
+// below cols (the tensor's head dim) only, through registers in 16-byte
+// vectors per thread.
 template <class TiledCopy, class Smem, class Gmem>
-CUTE_DEVICE void store_tile(Smem const& s, Gmem&& g, int rows_valid, int tid) {
+CUTE_DEVICE void store_tile(Smem const& s, Gmem&& g, int rows_valid, int cols, int tid) {
   TiledCopy tc;
   auto thr = tc.get_thread_slice(tid);
   Tensor src = thr.partition_S(s);
   Tensor reg = make_tensor<typename Smem::value_type>(shape(src));
   copy(tc, src, reg);
   Tensor coord = thr.partition_D(make_identity_tensor(shape(g)));
-  copy_rows_guarded(tc, reg, thr.partition_D(g), coord, rows_valid);
+  copy_rows_guarded(tc, reg, thr.partition_D(g), coord, rows_valid, cols);
 }
 
 }  // namespace tfb::sm80::bwd

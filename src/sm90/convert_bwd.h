@@ -82,15 +82,16 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
     stage_dq_slice<Traits, 1>(p, ws, tile, stage, threadIdx.x - 128);
   }
   __syncthreads();
-  // The rows that exist, 8 values (16 bytes) a thread at a time; 4-byte pieces
-  // where dq's rows or start are not 16-byte aligned.
-  constexpr int kPieces = kHeadDim / 8;
+  // The rows that exist, 8 values (16 bytes) a thread at a time, dq's own
+  // columns alone (qk_dim, a multiple of 8); 4-byte pieces where dq's rows or
+  // start are not 16-byte aligned.
+  const int pieces = p.qk_dim / 8;
   Element* dq = static_cast<Element*>(p.dq) + p.dq_offset(batch) + head * p.dq_head_stride +
                 int64_t(m0) * p.dq_row_stride;
   const bool vectors = (reinterpret_cast<uintptr_t>(p.dq) % 16 | (p.dq_batch_stride | p.dq_head_stride |
                                                                   p.dq_row_stride) % 8) == 0;
-  for (int i = threadIdx.x; i < rows * kPieces; i += Traits::kConsumerThreads) {
-    const int r = i / kPieces, c = i % kPieces;
+  for (int i = threadIdx.x; i < rows * pieces; i += Traits::kConsumerThreads) {
+    const int r = i / pieces, c = i % pieces;
     const uint4 v = *reinterpret_cast<const uint4*>(&stage.data[r * DqStage<Traits>::kPitch + c * 8]);
     Element* out = dq + r * p.dq_row_stride + c * 8;
     if (vectors) {

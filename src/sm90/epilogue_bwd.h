@@ -17,18 +17,19 @@ namespace tfb {
 namespace sm90 {
 
 // out[row][col] = acc * factor in 16 bits for each accumulator value whose
-// (row, col) in coord has row < rows; out has row_stride elements between rows.
-// Values 2i and 2i + 1 of an accumulator are one row's neighbouring columns, so
-// each pair is one 32-bit store.
+// (row, col) in coord has row < rows and col < cols (the tensor's head dim:
+// a smaller one's padded columns are not written); out has row_stride
+// elements between rows. Values 2i and 2i + 1 of an accumulator are one row's
+// neighbouring columns (cols is even), so each pair is one 32-bit store.
 template <typename Element, class Acc, class Coord>
 CUTE_DEVICE void store_pairs(Acc const& acc, Coord const& coord, float factor, Element* out, int64_t row_stride,
-                             int rows) {
+                             int rows, int cols) {
   static_assert(decltype(size(acc))::value % 2 == 0);
   cutlass::NumericArrayConverter<Element, float, 2> convert;
   CUTE_UNROLL
   for (int j = 0; j < size(acc); j += 2) {
     const int row = get<0>(coord(j)), col = get<1>(coord(j));
-    if (row < rows) {
+    if (row < rows && col < cols) {
       cutlass::Array<float, 2> pair;
       pair[0] = acc(j) * factor;
       pair[1] = acc(j + 1) * factor;
@@ -41,14 +42,15 @@ CUTE_DEVICE void store_pairs(Acc const& acc, Coord const& coord, float factor, E
 template <class Traits>
 struct BwdEpilogue {
   using Element = typename Traits::Element;
-  // rows: keys of this warpgroup's 64 that exist (may be <= 0); out points at
-  // its first key and first head-dim column.
+  // rows: keys of this warpgroup's 64 that exist (may be <= 0); cols: the
+  // tensor's columns from out's on; out points at its first key and first
+  // head-dim column.
   template <class Acc>
-  CUTE_DEVICE static void store(Acc const& acc, float factor, Element* out, int64_t row_stride, int rows,
+  CUTE_DEVICE static void store(Acc const& acc, float factor, Element* out, int64_t row_stride, int rows, int cols,
                                 int wg_thread) {
     typename Traits::MmadKV mma;
     Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Traits::kDkvCols>>{}));
-    store_pairs(acc, coord, factor, out, row_stride, rows);
+    store_pairs(acc, coord, factor, out, row_stride, rows, cols);
   }
 };
 

@@ -30,6 +30,7 @@ struct FwdEpilogue {
     int heads_q;
     Element* o;                          // a packed batch's partial slabs: O's rows, row and head strides
     int64_t o_row_stride, o_head_stride;
+    int o_cols;                          // O's head dim (params.h v_dim)
   };
 
   // rows: the batch's query length; lse is written for those rows alone.
@@ -73,11 +74,11 @@ struct FwdEpilogue {
         }
       }
     } else if constexpr (kPackedTile<Tile>) {
-      // 16-byte pieces, as the swizzled slab keeps them.
-      constexpr int kPieces = kHeadDim / 8;
+      // 16-byte pieces, as the swizzled slab keeps them; O's columns alone.
+      const int pieces = p.o_cols / 8;
       Element* o_rows = p.o + (int64_t(tile.q_row0) + slab * 64) * p.o_row_stride + tile.head * p.o_head_stride;
-      for (int i = warpgroup_thread; i < slab_rows * kPieces; i += 128) {
-        const int r = i / kPieces, c = (i % kPieces) * 8;
+      for (int i = warpgroup_thread; i < slab_rows * pieces; i += 128) {
+        const int r = i / pieces, c = (i % pieces) * 8;
         *reinterpret_cast<uint4*>(o_rows + r * p.o_row_stride + c) = *reinterpret_cast<const uint4*>(&sO(r, c));
       }
       if constexpr (!Traits::kSeparateO) {

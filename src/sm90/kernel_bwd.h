@@ -42,6 +42,7 @@ struct BwdKernelParams {
   Element* dv;
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
+  int qk_dim, v_dim;  // dk's and dv's columns (params.h): the rest of the tiles' are padding
   const TileEntry* entries;  // a packed batch's key tiles, count of them
   const int* count;
 
@@ -198,8 +199,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const int col0 = Traits::dkv_col0(consumer);
       Element* dk = p.dk + p.dk_offset(tile) + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
       Element* dv = p.dv + p.dv_offset(tile) + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
-      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, p.seqlen_k(tile) - n0, wg_thread);
-      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, p.seqlen_k(tile) - n0, wg_thread);
+      const int keys = p.seqlen_k(tile) - n0;
+      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, keys, p.qk_dim - col0, wg_thread);
+      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, keys, p.v_dim - col0, wg_thread);
     }
     // The last reduction reads the dQ buffer until it completes.
     if (thread_idx == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");

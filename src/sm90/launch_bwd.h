@@ -50,13 +50,13 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
   const int rows_q = kPacked ? int(a.seqlens.total_q) : a.len_q;
   const int rows_k = kPacked ? int(a.seqlens.total_k) : a.len_k;
   const int batch = kPacked ? 1 : a.batch;
-  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.heads_q, batch,
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.qk_dim, a.heads_q, batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
-  auto mdO = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.dout), rows_q, a.heads_q, batch,
+  auto mdO = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.dout), rows_q, a.v_dim, a.heads_q, batch,
                                          a.do_row_stride, a.do_head_stride, a.do_batch_stride);
-  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.heads_kv, batch,
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.qk_dim, a.heads_kv, batch,
                                         a.k_row_stride, a.k_head_stride, a.k_batch_stride);
-  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.heads_kv, batch,
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.v_dim, a.heads_kv, batch,
                                         a.v_row_stride, a.v_head_stride, a.v_batch_stride);
   using TileQ = Shape<Int<Traits::kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<kHeadDim>>;
@@ -87,6 +87,8 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
       a.dv_batch_stride,
       a.dv_head_stride,
       a.dv_row_stride,
+      a.qk_dim,
+      a.v_dim,
       list.entries,
       list.count};
 
@@ -105,7 +107,7 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
-  if (a.head_dim != kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
+  if (a.head_dim != kHeadDim || a.qk_dim > kHeadDim || a.v_dim > kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
       a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
     return cudaErrorInvalidValue;
   }

@@ -28,12 +28,15 @@ namespace detail {
 // a multiple of 16 bytes: give it one (in elements of `bytes`).
 inline int64_t usable_stride(int64_t stride, int size, int bytes) { return size <= 1 ? 16 / bytes : stride; }
 
+// cols: the tensor's head dim (params.h qk_dim / v_dim), at most the tiles'
+// Traits::kHeadDim. TMA fills a box's columns past it with zeros on loads and
+// leaves them out on stores: a smaller head dim costs no copy and no code.
 template <class Traits, typename Pointer>
-auto gmem_tensor(Pointer ptr, int rows, int heads, int batch, int64_t row_stride, int64_t head_stride,
+auto gmem_tensor(Pointer ptr, int rows, int cols, int heads, int batch, int64_t row_stride, int64_t head_stride,
                  int64_t batch_stride) {
   constexpr int kBytes = int(sizeof(*ptr));
   return make_tensor(make_gmem_ptr(static_cast<Pointer>(ptr)),
-                     make_shape(rows, Traits::kHeadDim, heads, batch),
+                     make_shape(rows, cols, heads, batch),
                      make_stride(usable_stride(row_stride, rows, kBytes), _1{}, usable_stride(head_stride, heads, kBytes),
                                  usable_stride(batch_stride, batch, kBytes)));
 }
@@ -48,7 +51,8 @@ template <class Traits, class Policy, bool kPacked = false>
 cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* next_unit = nullptr,
                             const TileList& list = {}) {
   using Element = typename Traits::Element;
-  if (a.head_dim != Traits::kHeadDim || a.element_bytes != int(sizeof(Element)) || a.heads_kv <= 0 ||
+  if (a.head_dim != Traits::kHeadDim || a.qk_dim > a.head_dim || a.v_dim > a.head_dim ||
+      a.element_bytes != int(sizeof(Element)) || a.heads_kv <= 0 ||
       a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 || a.batch <= 0 || !can_run_fwd(a)) {
     return cudaErrorInvalidValue;
   }
@@ -72,15 +76,15 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
 
-  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.heads_q, batch,
+  auto mQ = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.q), rows_q, a.qk_dim, a.heads_q, batch,
                                         a.q_row_stride, a.q_head_stride, a.q_batch_stride);
-  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.heads_kv, batch,
+  auto mK = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.k), rows_k, a.qk_dim, a.heads_kv, batch,
                                         a.k_row_stride, a.k_head_stride, a.k_batch_stride);
-  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.heads_kv, batch,
+  auto mV = detail::gmem_tensor<Traits>(static_cast<Element const*>(a.v), rows_k, a.v_dim, a.heads_kv, batch,
                                         a.v_row_stride, a.v_head_stride, a.v_batch_stride);
   using ElementOut = typename Traits::ElementOut;
-  auto mO = detail::gmem_tensor<Traits>(static_cast<ElementOut*>(a.o), rows_q, a.heads_q, batch, a.o_row_stride,
-                                        a.o_head_stride, a.o_batch_stride);
+  auto mO = detail::gmem_tensor<Traits>(static_cast<ElementOut*>(a.o), rows_q, a.v_dim, a.heads_q, batch,
+                                        a.o_row_stride, a.o_head_stride, a.o_batch_stride);
   using TileQ = Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>;
   using TileKV = Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>;
 
@@ -99,7 +103,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
        mO.shape(), a.lse, kPacked ? a.seqlens.total_q : a.len_q, a.heads_q, static_cast<ElementOut*>(a.o),
-       a.o_row_stride, a.o_head_stride},
+       a.o_row_stride, a.o_head_stride, a.v_dim},
       scheduler,
       a.len_q,
       uniform_walk<typename KernelParams::Mask>(a),

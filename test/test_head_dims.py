@@ -1,0 +1,206 @@
+"""Head dims without an instantiation of their own: a multiple of 8 runs on the
+next larger kernel built, its extra columns zeros on chip (TMA's out-of-bounds
+fill on sm90, predicated cp.async on sm80) and never written back.
+
+CPU: the router's choice over the registry's records (FakeTensors). GPU: every
+family's forward and backward against float64 at head dims between the built
+ones, and the Python rule (_library.serving_kernel) against the ops' own
+(csrc/cuda/families.cpp serving_head_dim)."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import torch_flash_backend as tfb
+from torch_flash_backend import _library, _router, testing
+
+from reference import assert_within_baseline, attention_ref, stable_seed
+from test_cuda_bwd import _assert_grads_within_baseline, _make
+
+SM80 = testing.registry_kernel_names("sm80")
+SM90 = testing.registry_kernel_names("sm90")
+DECODE = testing.registry_kernel_names("decode")
+# Between and below the built head dims (32, 64, 96, 128, 192, 256), Phi-2's 80 among them.
+ODD_HEAD_DIMS = (8, 40, 72, 80, 112, 136, 160, 200, 248)
+
+
+@pytest.fixture(autouse=True)
+def all_families():
+    with testing.kernel_families():
+        yield
+
+
+def _qkv(e, length=64, requires_grad=False, dtype=torch.bfloat16):
+    return [torch.empty(2, 4, length, e, dtype=dtype, device="cuda", requires_grad=requires_grad) for _ in range(3)]
+
+
+def _next_built(e, dims):
+    return min(d for d in dims if d >= e)
+
+
+@pytest.mark.parametrize("capability,family,dims", [((9, 0), "sm90", (64, 96, 128, 192, 256)),
+                                                    ((8, 0), "sm80", (32, 64, 96, 128, 192, 256))])
+def test_router_serves_a_multiple_of_8_with_the_next_larger_kernel(capability, family, dims):
+    with FakeTensorMode(), testing.pretend_cuda(capability=capability, kernels=SM80 + SM90 + DECODE):
+        for e in range(8, 257, 8):
+            # A kernel of the head dim's own, in any family, comes first (sm80's 32 on Hopper).
+            fam, want = ("sm80", 32) if e == 32 else (family, _next_built(e, dims))
+            d = tfb.explain(*_qkv(e, requires_grad=True), is_causal=True)
+            assert (d.kernel, d.backward_kernel) == (f"{fam}_fwd_bf16_hdim{want}",
+                                                     f"{fam}_bwd_bf16_hdim{want}"), (e, str(d))
+    # A build with only some head dims: a family's own kernel before another's padded one.
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=SM80 + ["sm90_fwd_bf16_hdim128"]):
+        assert tfb.explain(*_qkv(64)).kernel == "sm80_fwd_bf16_hdim64"
+        assert tfb.explain(*_qkv(112)).kernel == "sm90_fwd_bf16_hdim128"
+
+
+def test_router_refuses_what_no_kernel_pads():
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90 + DECODE):
+        for e in (36, 100, 264):  # not a multiple of 8; past the largest kernel
+            d = tfb.explain(*_qkv(e))
+            assert not d.served and d.reason == (f"no kernel has head dim {e} for bf16; head dims built: 32, 64, "
+                                                 "96, 128, 192, 256 (a smaller multiple of 8 runs on the next "
+                                                 "larger)"), str(d)
+        # The decode family serves its own head dims alone: a decode step at 80 goes to PyTorch.
+        d = tfb.explain(*_qkv(80, length=1), strict=False)
+        assert not d.served, str(d)
+        assert tfb.explain(*_qkv(64, length=2)).kernel == "decode_fwd_bf16_hdim64"
+        assert tfb.explain(*_qkv(80, length=2)).kernel is None
+
+
+def test_serving_kernel_rule():
+    records = testing.fake_kernels(SM90 + DECODE)
+    pick = _library.serving_kernel
+    assert pick(records, "sm90", "fwd", "bf16", 80, 80) == "sm90_fwd_bf16_hdim96"
+    assert pick(records, "sm90", "bwd", "fp16", 8, 8) == "sm90_bwd_fp16_hdim64"
+    assert pick(records, "sm90", "fwd", "bf16", 192, 128) == "sm90_fwd_bf16_hdim192"  # MLA's shape
+    assert pick(records, "sm90", "fwd", "bf16", 64, 72) == "sm90_fwd_bf16_hdim96"
+    assert pick(records, "sm90", "fwd", "bf16", 12, 12) is None
+    assert pick(records, "sm90", "fwd", "bf16", 264, 264) is None
+    assert pick(records, "decode", "fwd", "bf16", 64, 64) == "decode_fwd_bf16_hdim64"
+    assert pick(records, "decode", "fwd", "bf16", 40, 40) is None
+
+
+# ---------------------------------------------------------------------------
+# GPU
+
+def _families_here():
+    if not torch.cuda.is_available():
+        return []
+    return ["sm80"] + (["sm90"] if torch.cuda.get_device_capability() == (9, 0) else [])
+
+
+# (batch, q heads, kv heads, L, S, causal, layout, scale): odd lengths, GQA,
+# a row stride past the head dim ("padded"), custom scales.
+CASES = [
+    (2, 4, 4, 128, 128, False, "bhle", None),
+    (1, 8, 2, 127, 129, True, "blhe", None),
+    (2, 2, 2, 17, 300, False, "padded", 0.3),
+    (1, 4, 1, 333, 333, True, "blhe", None),
+]
+
+
+def _case_id(c):
+    return "b{}_h{}-{}_L{}_S{}_{}_{}_s{}".format(*c[:5], "causal" if c[5] else "full", *c[6:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
+def test_forward_and_backward_at_head_dims_between_kernels(head_dim, case, family):
+    if family not in _families_here():
+        pytest.skip(f"{family} does not run here")
+    b, hq, hkv, L, S, causal, layout, scale = case
+    dtype = torch.bfloat16 if head_dim % 16 else torch.float16
+    torch.manual_seed(stable_seed(head_dim, case, family))
+    q = _make(b, hq, L, head_dim, dtype, layout)
+    k = _make(b, hkv, S, head_dim, dtype, layout)
+    v = _make(b, hkv, S, head_dim, dtype, layout)
+    dout = _make(b, hq, L, head_dim, dtype, layout)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, scale, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+
+    out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, scale, causal, family)
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and out.stride(-1) == 1
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        base = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                                enable_gqa=hq != hkv)
+    assert_within_baseline(f"{family} out", out, base, out64, floor=1e-4)
+    assert (lse.double() - lse64).abs().max().item() < 1e-3
+
+    grads = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal, family)
+    torch.cuda.synchronize()
+    _assert_grads_within_baseline(grads, ref, q, k, v, dout, causal, scale, f"{family}: ")
+
+
+@pytest.mark.gpu
+def test_neighbouring_heads_are_not_overwritten():
+    """Heads side by side in one row (B, L, H, E): a kernel writing its padded
+    columns would overwrite the next head's first ones."""
+    for family in _families_here():
+        torch.manual_seed(1)
+        q, k, v, dout = (torch.randn(1, 200, 6, 40, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                         for _ in range(4))
+        out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, None, False, family)
+        ref, _ = attention_ref(q, k, v)
+        assert (out.double() - ref).abs().max().item() < 2e-2, family
+        dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, None, False, family)
+        assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        grads = torch.autograd.grad(attention_ref(q64, k64, v64)[0], (q64, k64, v64), dout.double())
+        for name, ours, want in zip(("dq", "dk", "dv"), (dq, dk, dv), grads):
+            assert (ours.double() - want).abs().max().item() < 5e-2, (family, name)
+
+
+@pytest.mark.gpu
+def test_python_rule_matches_the_ops():
+    """_library.serving_kernel (the router's) and serving_head_dim (the ops'):
+    for each head dim, a family's op runs it exactly when the router's rule
+    finds it a kernel."""
+    records = tfb.built_kernels()
+    for family in _families_here():
+        for e in list(range(8, 265, 8)) + [12, 36, 100]:
+            wide = torch.randn(1, 2, 16, e + (-e) % 8 + 8, device="cuda", dtype=torch.float16)
+            q = k = v = dout = wide[..., :e]  # 16-byte aligned rows whatever e is
+            want_fwd = _library.serving_kernel(records, family, "fwd", "fp16", e, e) is not None
+            want_bwd = _library.serving_kernel(records, family, "bwd", "fp16", e, e) is not None
+            try:
+                out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, None, False, family)
+                ran = True
+            except RuntimeError as err:
+                assert "has no forward kernel for fp16 head dims q/k" in str(err), str(err)
+                ran = False
+            assert ran == want_fwd, (family, e)
+            if ran:
+                try:
+                    torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, None, False, family)
+                    ran_bwd = True
+                except RuntimeError as err:
+                    assert "has no backward kernel for fp16 head dims q/k" in str(err), str(err)
+                    ran_bwd = False
+                assert ran_bwd == want_bwd, (family, e)
+
+
+@pytest.mark.gpu
+def test_enable_serves_a_head_dim_of_80_both_ways():
+    """A model's call (Phi-2's head dim 80) under enable(): served by our kernels
+    forward and backward, as the router names them."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 300, h, 80, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+               for h in (8, 2, 2))
+    decision = tfb.explain(q, k, v, is_causal=True, enable_gqa=True)
+    assert decision.served and decision.kernel.endswith("_hdim96"), str(decision)
+    tfb.reset_stats()
+    with tfb.enable(strict=True):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out.sum().backward()
+    routed = tfb.stats()["routed"]
+    assert any("hdim96" in name for name in routed), routed
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, _ = attention_ref(q64, k64, v64, None, True)
+    assert (out.double() - out64).abs().max().item() < 2e-2
+    out64.sum().backward()
+    for name, ours, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert (ours.double() - want).abs().max().item() < 5e-2, name
