@@ -9,12 +9,13 @@ ones, and the Python rule (_library.serving_kernel) against the ops' own
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.attention import SDPBackend
 
 import torch_flash_backend as tfb
 from torch_flash_backend import _library, _router, testing
 
-from reference import assert_within_baseline, attention_ref, stable_seed
-from test_cuda_bwd import _assert_grads_within_baseline, _make
+from reference import assert_within_baseline, attention_ref, max_err, stable_seed
+from test_cuda_bwd import _make, _sdpa_grads
 
 SM80 = testing.registry_kernel_names("sm80")
 SM90 = testing.registry_kernel_names("sm90")
@@ -111,7 +112,11 @@ def test_forward_and_backward_at_head_dims_between_kernels(head_dim, case, famil
     if family not in _families_here():
         pytest.skip(f"{family} does not run here")
     b, hq, hkv, L, S, causal, layout, scale = case
-    dtype = torch.bfloat16 if head_dim % 16 else torch.float16
+    # float16: bfloat16's 8-bit rounding of the outputs outweighs the kernels'
+    # arithmetic in this criterion (an output one ulp off against a correctly
+    # rounded baseline is 2x already); test_padding_adds_nothing shows bfloat16
+    # gives bitwise what the larger kernel gives.
+    dtype = torch.float16
     torch.manual_seed(stable_seed(head_dim, case, family))
     q = _make(b, hq, L, head_dim, dtype, layout)
     k = _make(b, hkv, S, head_dim, dtype, layout)
@@ -132,7 +137,46 @@ def test_forward_and_backward_at_head_dims_between_kernels(head_dim, case, famil
 
     grads = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, scale, causal, family)
     torch.cuda.synchronize()
-    _assert_grads_within_baseline(grads, ref, q, k, v, dout, causal, scale, f"{family}: ")
+    # The baseline: the worst of PyTorch's backends that serve the call (its flash
+    # kernel refuses causal L != S; its own backends differ by up to 3x here).
+    baselines = [g for g in (_sdpa_grads(q, k, v, dout, causal, scale, backend)
+                             for backend in (None, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                             SDPBackend.CUDNN_ATTENTION)) if g is not None]
+    for i, (name, o, r) in enumerate(zip(("dq", "dk", "dv"), grads, ref)):
+        worst = max((g[i] for g in baselines), key=lambda g: max_err(g, r))
+        assert_within_baseline(f"{family} {name}", o, worst, r, floor=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("head_dim", ODD_HEAD_DIMS)
+def test_padding_adds_nothing(head_dim, family):
+    """A head dim run on a larger kernel gives bitwise what that kernel gives on
+    the same tensors zero-padded to its head dim in memory (deterministic
+    backward: dQ summed in a fixed order); the padded columns come out 0 there.
+    So the padding costs no accuracy: the error is the larger kernel's own."""
+    if family not in _families_here():
+        pytest.skip(f"{family} does not run here")
+    kernel_dim = int(_library.serving_kernel(tfb.built_kernels(), family, "fwd", "bf16", head_dim,
+                                             head_dim).head_dim)
+    ops = torch.ops.torch_flash_backend
+    torch.manual_seed(stable_seed(head_dim, family))
+    q = torch.randn(2, 300, 8, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(2, 257, 2, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
+    dout = torch.randn_like(q)
+    scale = head_dim ** -0.5
+    padded = [torch.nn.functional.pad(t, (0, kernel_dim - head_dim)) for t in (q, k, v, dout)]
+    with testing.deterministic_algorithms():
+        for causal in (False, True):
+            out, lse = ops.fwd(q, k, v, scale, causal, family)
+            grads = ops.bwd(dout, q, k, v, out, lse, scale, causal, family)
+            out_p, lse_p = ops.fwd(*padded[:3], scale, causal, family)
+            grads_p = ops.bwd(padded[3], *padded[:3], out_p, lse_p, scale, causal, family)
+            assert torch.equal(out, out_p[..., :head_dim]) and torch.equal(lse, lse_p), (causal, "out")
+            assert not out_p[..., head_dim:].any()
+            for name, g, g_p in zip(("dq", "dk", "dv"), grads, grads_p):
+                assert torch.equal(g, g_p[..., :head_dim]), (causal, name)
+                assert not g_p[..., head_dim:].any(), (causal, name)
 
 
 @pytest.mark.gpu
@@ -192,15 +236,20 @@ def test_enable_serves_a_head_dim_of_80_both_ways():
                for h in (8, 2, 2))
     decision = tfb.explain(q, k, v, is_causal=True, enable_gqa=True)
     assert decision.served and decision.kernel.endswith("_hdim96"), str(decision)
+    dout = torch.randn(2, 8, 300, 80, device="cuda", dtype=torch.bfloat16)
     tfb.reset_stats()
     with tfb.enable(strict=True):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        out.sum().backward()
+        grads = torch.autograd.grad(out, (q, k, v), dout)
     routed = tfb.stats()["routed"]
     assert any("hdim96" in name for name in routed), routed
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out64, _ = attention_ref(q64, k64, v64, None, True)
-    assert (out.double() - out64).abs().max().item() < 2e-2
-    out64.sum().backward()
-    for name, ours, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
-        assert (ours.double() - want).abs().max().item() < 5e-2, name
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    with torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # PyTorch's own, same dtype
+        base = _sdpa_grads(q, k, v, dout, True, None, SDPBackend.FLASH_ATTENTION)
+        base_out = torch.nn.functional.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(),
+                                                                    is_causal=True, enable_gqa=True)
+    assert_within_baseline("out", out, base_out, out64, floor=1e-4)
+    for name, ours, b, r in zip(("dq", "dk", "dv"), grads, base, ref):
+        assert_within_baseline(name, ours, b, r, floor=1e-4)
