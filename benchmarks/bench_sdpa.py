@@ -39,8 +39,9 @@ BACKENDS = {
 }
 
 
-def attention_flops(b, h, l, s, e, causal, mode):
-    fwd = 4 * b * h * l * s * e
+def attention_flops(b, h, l, s, e, causal, mode, ev=None):
+    """ev: v's head dim (None: e); Q K^T costs 2 L S e, P V 2 L S ev."""
+    fwd = 2 * b * h * l * s * (e + (e if ev is None else ev))
     if causal:
         fwd //= 2
     return fwd * (3.5 if mode == "fwdbwd" else 1.0)
@@ -95,13 +96,14 @@ def time_in_turns(runs, warmup, reps, sync=False):
     return results
 
 
-def make_inputs(b, h, l, e, dtype, grad, group=1):
-    """q with h heads, k and v with h / group (the (B, L, H, E).transpose(1, 2) layout)."""
-    def one(heads):
-        t = torch.randn(b, l, heads, e, device="cuda", dtype=dtype).transpose(1, 2)
+def make_inputs(b, h, l, e, dtype, grad, group=1, ev=None):
+    """q with h heads, k and v with h / group (the (B, L, H, E).transpose(1, 2)
+    layout); v's head dim ev (None: e)."""
+    def one(heads, dim=e):
+        t = torch.randn(b, l, heads, dim, device="cuda", dtype=dtype).transpose(1, 2)
         return t.requires_grad_(grad)
 
-    return one(h), one(h // group), one(h // group)
+    return one(h), one(h // group), one(h // group, e if ev is None else ev)
 
 
 # ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
@@ -165,7 +167,7 @@ def as_run(fwd, q, k, v, mode):
             with torch.no_grad():
                 fwd()
         return run
-    grad_out = torch.randn_like(q)
+    grad_out = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # out's shape
 
     def run():
         torch.autograd.grad(fwd(), (q, k, v), grad_out)
@@ -205,6 +207,8 @@ def main(argv=None):
     p.add_argument("--lens", default="512,1024,2048,4096,8192,16384")
     p.add_argument("--causal", default="0,1")
     p.add_argument("--group", type=int, default=1, help="query heads per kv head (GQA; 1: as many kv heads)")
+    p.add_argument("--value-head-dim", type=int, default=None,
+                   help="v's head dim where it differs from q's and k's (e.g. 128 with --head-dims 192)")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient,fa4")
     p.add_argument("--warmup", type=int, default=5)
@@ -251,8 +255,8 @@ def main(argv=None):
             for e in head_dims:
                 for l in (int(x) for x in args.lens.split(",")):
                     b, h = max(1, args.tokens // l), args.hidden // e
-                    q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd", args.group)
-                    flops = attention_flops(b, h, l, l, e, causal, mode)
+                    q, k, v = make_inputs(b, h, l, e, dtype, mode == "fwdbwd", args.group, args.value_head_dim)
+                    flops = attention_flops(b, h, l, l, e, causal, mode, args.value_head_dim)
                     runs = {x: (lambda x=x: families(x), runner(x, q, k, v, causal, mode)) for x in backends}
                     rates = {}
                     for backend, ms in time_in_turns(runs, args.warmup, args.reps, args.sync).items():

@@ -22,7 +22,7 @@ namespace tfb {
 // Sizes of one attention call, read from SDPA-layout (B, H, L, E) inputs.
 struct AttnShape {
   int64_t batch, heads_q, heads_kv, len_q, len_k, head_dim;
-  int64_t head_dim_v;  // v's (and out's); equal to q's in these ops today
+  int64_t head_dim_v;  // v's and out's: may differ from q's and k's (e.g. 192 / 128 in latent attention)
 };
 
 inline void check_4d(const at::Tensor& t, const char* name) {
@@ -48,8 +48,6 @@ inline AttnShape check_qkv(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0),
               "batch sizes differ: q ", q.size(0), ", k ", k.size(0), ", v ", v.size(0));
   TORCH_CHECK(k.size(3) == q.size(3), "k head_dim (", k.size(3), ") must equal q head_dim (", q.size(3), ")");
-  TORCH_CHECK(v.size(3) == q.size(3), "v head_dim (", v.size(3), ") must equal q head_dim (", q.size(3),
-              "); a different value head dim is not supported by these ops");
   TORCH_CHECK(k.size(1) == v.size(1), "k has ", k.size(1), " heads but v has ", v.size(1));
   TORCH_CHECK(k.size(2) == v.size(2), "k has length ", k.size(2), " but v has length ", v.size(2));
   const int64_t hq = q.size(1), hkv = k.size(1);
@@ -65,8 +63,11 @@ inline void check_bwd_extra(const at::Tensor& grad_out, const at::Tensor& out, c
   check_4d(out, "out");
   check_same(grad_out, "grad_out", q);
   check_same(out, "out", q);
-  TORCH_CHECK(grad_out.sizes() == q.sizes(), "grad_out shape ", grad_out.sizes(), " must equal q shape ", q.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), "out shape ", out.sizes(), " must equal q shape ", q.sizes());
+  const std::array<int64_t, 4> want{s.batch, s.heads_q, s.len_q, s.head_dim_v};  // q's, with v's head dim
+  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef(want), "grad_out shape ", grad_out.sizes(),
+              " must be (batch, q heads, L, v head_dim) = ", at::IntArrayRef(want));
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(want), "out shape ", out.sizes(),
+              " must be (batch, q heads, L, v head_dim) = ", at::IntArrayRef(want));
   TORCH_CHECK(lse.defined() && lse.scalar_type() == at::kFloat, "lse must be a float32 tensor");
   TORCH_CHECK(lse.device() == q.device(), "lse is on ", lse.device(), " but q is on ", q.device());
   TORCH_CHECK(lse.dim() == 3 && lse.size(0) == s.batch && lse.size(1) == s.heads_q && lse.size(2) == s.len_q,
@@ -144,7 +145,7 @@ inline bool is_empty_problem(const AttnShape& s) {
 // fwd's (out, lse). For an empty problem they are already the answer: with no
 // keys an empty softmax contributes nothing (as PyTorch's math path gives).
 inline std::tuple<at::Tensor, at::Tensor> fwd_outputs(const at::Tensor& q, const AttnShape& s) {
-  at::Tensor out = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
+  at::Tensor out = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim_v, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
   if (is_empty_problem(s)) {
     out.zero_();
@@ -158,7 +159,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_outputs(const at::Tens
                                                                   const at::Tensor& v, const AttnShape& s) {
   at::Tensor dq = empty_blhe(s.batch, s.heads_q, s.len_q, s.head_dim, q.options());
   at::Tensor dk = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, k.options());
-  at::Tensor dv = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim, v.options());
+  at::Tensor dv = empty_blhe(s.batch, s.heads_kv, s.len_k, s.head_dim_v, v.options());
   if (is_empty_problem(s)) {
     dq.zero_();
     dk.zero_();
@@ -167,10 +168,11 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_outputs(const at::Tens
   return {dq, dk, dv};
 }
 
-// Sizes of a packed variable-length call: q (total_q, Hq, E), k and v
-// (total_k, Hkv, E), batch sequences of cu_seq_q / cu_seq_k's offsets.
+// Sizes of a packed variable-length call: q (total_q, Hq, E), k (total_k,
+// Hkv, E) and v (total_k, Hkv, E_v), batch sequences of cu_seq_q / cu_seq_k's offsets.
 struct VarlenShape {
   int64_t batch, total_q, total_k, heads_q, heads_kv, head_dim, max_q, max_k;
+  int64_t head_dim_v;
 };
 
 inline void check_offsets(const at::Tensor& t, const char* name, const at::Tensor& q, int64_t numel) {
@@ -203,7 +205,8 @@ inline VarlenShape check_varlen(const at::Tensor& q, const at::Tensor& k, const 
   check_same(k, "k", q);
   check_same(v, "v", q);
   TORCH_CHECK(k.size(2) == q.size(2), "k head_dim (", k.size(2), ") must equal q head_dim (", q.size(2), ")");
-  TORCH_CHECK(v.sizes() == k.sizes(), "v shape ", v.sizes(), " must equal k shape ", k.sizes());
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1), "v shape ", v.sizes(), " must match k shape ",
+              k.sizes(), " but for its head dim");
   const int64_t hq = q.size(1), hkv = k.size(1);
   TORCH_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0,
               "q heads (", hq, ") must be a multiple of k/v heads (", hkv, ") for grouped-query attention");
@@ -216,7 +219,7 @@ inline VarlenShape check_varlen(const at::Tensor& q, const at::Tensor& k, const 
               max_q);
   TORCH_CHECK(max_k >= 0 && max_k <= k.size(0), "max_k must lie in [0, total key tokens ", k.size(0), "], got ",
               max_k);
-  return {batch, q.size(0), k.size(0), hq, hkv, q.size(2), max_q, max_k};
+  return {batch, q.size(0), k.size(0), hq, hkv, q.size(2), max_q, max_k, v.size(2)};
 }
 
 // A packed batch's sequence b: query rows [q0, q0 + len_q), keys [k0, k0 + len_k).
@@ -254,13 +257,15 @@ inline std::vector<Sequence> check_sequences(const VarlenShape& s, const at::Ten
   return out;
 }
 
-// The backward's extra tensors of a packed call: grad_out and out as q,
-// lse (Hq, total_q) float32 as varlen_fwd returns it.
+// The backward's extra tensors of a packed call: grad_out and out as q with
+// v's head dim, lse (Hq, total_q) float32 as varlen_fwd returns it.
 inline void check_varlen_bwd_extra(const VarlenShape& s, const at::Tensor& grad_out, const at::Tensor& out,
                                    const at::Tensor& lse, const at::Tensor& q) {
+  const std::array<int64_t, 3> want{s.total_q, s.heads_q, s.head_dim_v};
   for (auto [t, name] : {std::pair{&grad_out, "grad_out"}, {&out, "out"}}) {
     check_same(*t, name, q);
-    TORCH_CHECK(t->sizes() == q.sizes(), name, " shape ", t->sizes(), " must equal q shape ", q.sizes());
+    TORCH_CHECK(t->sizes() == at::IntArrayRef(want), name, " shape ", t->sizes(),
+                " must be (total_q, q heads, v head_dim) = ", at::IntArrayRef(want));
     TORCH_CHECK(t->stride(-1) == 1 || t->size(-1) <= 1, name, " must be contiguous in its last dim, got strides ",
                 t->strides());
   }

@@ -6,6 +6,8 @@ CPU: the router's choice over the registry's records (FakeTensors). GPU: every
 family's forward and backward against float64 at head dims between the built
 ones, and the Python rule (_library.serving_kernel) against the ops' own
 (csrc/cuda/families.cpp serving_head_dim)."""
+import contextlib
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -252,4 +254,144 @@ def test_enable_serves_a_head_dim_of_80_both_ways():
                                                                     is_causal=True, enable_gqa=True)
     assert_within_baseline("out", out, base_out, out64, floor=1e-4)
     for name, ours, b, r in zip(("dq", "dk", "dv"), grads, base, ref):
+        assert_within_baseline(name, ours, b, r, floor=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# A value head dim unlike the query's (multi-head latent attention: q/k 192, v 128)
+
+MLA_PAIRS = ((192, 128), (128, 64), (64, 128), (256, 128), (40, 24))
+
+
+def _mla(b, hq, hkv, L, S, e, ev, dtype, device, layout="blhe"):
+    def make(h, n, dim):
+        if layout == "blhe":
+            return torch.randn(b, n, h, dim, device=device, dtype=dtype).transpose(1, 2)
+        return torch.randn(b, h, n, dim, device=device, dtype=dtype)
+    return make(hq, L, e), make(hkv, S, e), make(hkv, S, ev), make(hq, L, ev)
+
+
+@pytest.mark.parametrize("e,ev", MLA_PAIRS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_ops_take_a_value_head_dim_unlike_the_querys(e, ev, causal):
+    torch.manual_seed(stable_seed(e, ev, causal))
+    q, k, v, dout = _mla(2, 4, 2, 37, 53, e, ev, torch.float32, "cpu")
+    ops = torch.ops.torch_flash_backend
+    out, lse = ops.fwd(q, k, v, None, causal)
+    assert out.shape == (2, 4, 37, ev) and lse.shape == (2, 4, 37)
+    dq, dk, dv = ops.bwd(dout, q, k, v, out, lse, None, causal)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, None, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    assert (out.double() - out64).abs().max().item() < 1e-4
+    assert (lse.double() - lse64).abs().max().item() < 1e-4
+    for name, ours, want in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert (ours.double() - want).abs().max().item() < 1e-4, name
+
+
+def test_opcheck_with_a_value_head_dim_unlike_the_querys():
+    torch.manual_seed(0)
+    q, k, v, dout = _mla(1, 4, 2, 17, 23, 64, 32, torch.float32, "cpu", layout="bhle")
+    out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, None, True)
+    torch.library.opcheck(torch.ops.torch_flash_backend.fwd.default, (q, k, v, None, True))
+    torch.library.opcheck(torch.ops.torch_flash_backend.bwd.default, (dout, q, k, v, out, lse, None, True))
+
+
+def test_fake_kernels_give_the_value_head_dim():
+    with FakeTensorMode():
+        q, k, v, dout = _mla(2, 8, 2, 100, 120, 192, 128, torch.bfloat16, "cuda")
+        out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, None, True, "sm90")
+        assert out.shape == (2, 8, 100, 128) and lse.shape == (2, 8, 100)
+        dq, dk, dv = torch.ops.torch_flash_backend.bwd(dout, q, k, v, out, lse, None, True, "sm90")
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+        packed = [torch.empty(300, h, d, dtype=torch.bfloat16, device="cuda") for h, d in ((8, 192), (2, 192), (2, 128))]
+        cu = torch.empty(3, dtype=torch.int32, device="cuda")
+        out, lse = torch.ops.torch_flash_backend.varlen_fwd(*packed, cu, cu, 200, 200, None, True, "sm90")
+        assert out.shape == (300, 8, 128) and lse.shape == (8, 300)
+
+
+def test_compiled_function_with_a_value_head_dim_unlike_the_querys():
+    """torch.compile(fullgraph=True) over the CPU ops: the fake kernel's out shape is v's."""
+    torch.manual_seed(0)
+    q, k, v, _ = _mla(1, 4, 4, 33, 33, 64, 32, torch.float32, "cpu")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v):
+        return tfb.flash_attn(q, k, v, is_causal=True).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_router_serves_a_value_head_dim_unlike_the_querys():
+    with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90 + DECODE):
+        for (e, ev), want in zip(MLA_PAIRS, (192, 128, 128, 256, 64)):
+            q, k, v, _ = _mla(2, 8, 2, 300, 300, e, ev, torch.bfloat16, "cuda")
+            q.requires_grad_()
+            d = tfb.explain(q, k, v, is_causal=True, enable_gqa=True)
+            assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{want}", f"sm90_bwd_bf16_hdim{want}"), str(d)
+            assert f"head dims {e} (q, k) and {ev} (v)" in d.reason
+        q, k, v, _ = _mla(2, 8, 2, 300, 300, 128, 36, torch.bfloat16, "cuda")
+        assert not tfb.explain(q, k, v, enable_gqa=True).served  # 36 is not a multiple of 8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("e,ev", MLA_PAIRS)
+def test_cuda_value_head_dim_unlike_the_querys(e, ev, causal, family):
+    if family not in _families_here():
+        pytest.skip(f"{family} does not run here")
+    torch.manual_seed(stable_seed(e, ev, causal, family))
+    q, k, v, dout = _mla(2, 8, 2, 257, 300, e, ev, torch.float16, "cuda")
+    ops = torch.ops.torch_flash_backend
+    out, lse = ops.fwd(q, k, v, None, causal, family)
+    grads = ops.bwd(dout, q, k, v, out, lse, None, causal, family)
+    torch.cuda.synchronize()
+    assert out.shape == (2, 8, 257, ev)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, None, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    assert (lse.double() - lse64).abs().max().item() < 1e-3
+    # PyTorch's backends that serve the shape (its flash kernel does not), worst first.
+    runs = [r for r in (_sdpa_run(q, k, v, dout, causal, backend) for backend in
+                        (None, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION)) if r is not None]
+    for i, (name, o, r) in enumerate(zip(("out", "dq", "dk", "dv"), (out, *grads), (out64, *ref))):
+        worst = max((run[i] for run in runs), key=lambda x: max_err(x, r))
+        assert_within_baseline(f"{family} {name}", o, worst, r, floor=1e-4)
+
+
+def _sdpa_run(q, k, v, dout, causal, backend):
+    """(out, dq, dk, dv) of PyTorch's SDPA with `backend` (None: its own choice); None if it refuses."""
+    qb, kb, vb = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    try:
+        with torch.nn.attention.sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            o = torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, is_causal=causal,
+                                                                 enable_gqa=q.size(1) != k.size(1))
+        return (o.detach(), *torch.autograd.grad(o, (qb, kb, vb), dout))
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.gpu
+def test_enable_serves_latent_attention_both_ways():
+    """DeepSeek-style latent attention's shape under enable(): q/k 192, v 128, GQA, causal."""
+    torch.manual_seed(0)
+    q, k, v, dout = _mla(2, 16, 4, 400, 400, 192, 128, torch.bfloat16, "cuda")
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    tfb.reset_stats()
+    with tfb.enable(strict=True):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert out.shape == (2, 16, 400, 128)
+    assert any("hdim192" in name for name in tfb.stats()["routed"]), tfb.stats()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, _ = attention_ref(q64, k64, v64, None, True)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    base = _sdpa_run(q, k, v, dout, True, None)  # PyTorch's own choice, same dtype
+    for name, ours, b, r in zip(("out", "dq", "dk", "dv"), (out, *grads), base, (out64, *ref)):
         assert_within_baseline(name, ours, b, r, floor=1e-4)

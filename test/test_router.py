@@ -107,10 +107,11 @@ def test_dtypes_differ(fake):
     assert "dtypes differ" in reason(q, k, v.half())
 
 
-def test_head_dims_differ(fake):
+def test_value_head_dim_unlike_the_querys(fake):
     q, k, _ = qkv()
     v = torch.empty(2, 4, 64, 32, dtype=q.dtype, device="cuda")
-    assert "head dims differ" in reason(q, k, v)
+    d = tfb.explain(q, k, v)  # test_head_dims.py has the rest
+    assert d.kernel == "sm80_fwd_bf16_hdim64" and "head dims 64 (q, k) and 32 (v)" in d.reason, str(d)
 
 
 def test_head_dim_not_built(fake):

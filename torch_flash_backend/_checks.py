@@ -32,8 +32,6 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale=None) 
         raise ValueError(f"batch sizes differ: q {q.size(0)}, k {k.size(0)}, v {v.size(0)}")
     if k.size(3) != q.size(3):
         raise ValueError(f"k head_dim ({k.size(3)}) must equal q head_dim ({q.size(3)})")
-    if v.size(3) != q.size(3):
-        raise ValueError(f"v head_dim ({v.size(3)}) must equal q head_dim ({q.size(3)})")
     if k.size(1) != v.size(1):
         raise ValueError(f"k has {k.size(1)} heads but v has {v.size(1)}")
     if k.size(2) != v.size(2):
@@ -108,8 +106,8 @@ def check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k=None) -> i
                                "must share one device and dtype")
     if k.size(2) != q.size(2):
         raise RuntimeError(f"k head_dim ({k.size(2)}) must equal q head_dim ({q.size(2)})")
-    if v.shape != k.shape:
-        raise RuntimeError(f"v shape {tuple(v.shape)} must equal k shape {tuple(k.shape)}")
+    if v.shape[:2] != k.shape[:2]:
+        raise RuntimeError(f"v shape {tuple(v.shape)} must match k shape {tuple(k.shape)} but for its head dim")
     hq, hkv = q.size(1), k.size(1)
     if (hq % hkv != 0) if hkv > 0 else hq != 0:
         raise RuntimeError(f"q heads ({hq}) must be a multiple of k/v heads ({hkv}) for grouped-query attention")

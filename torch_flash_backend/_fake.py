@@ -21,8 +21,8 @@ def _fwd_fake(q, k, v, scale=None, is_causal=False, family=None, backward_family
     check_mask(attn_mask, q, k, scale)
     check_band(attn_mask, is_causal, window_left, window_right)
     check_family(family, q, k, "forward")
-    b, h, length, e = q.shape
-    return empty_blhe(q, b, h, length, e), q.new_empty((b, h, length), dtype=torch.float32)
+    b, h, length, _ = q.shape
+    return empty_blhe(q, b, h, length, v.size(3)), q.new_empty((b, h, length), dtype=torch.float32)
 
 
 @torch.library.register_fake("torch_flash_backend::bwd")
@@ -34,7 +34,7 @@ def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=N
     check_family(family, q, k, "backward")
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)
-    return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, e)
+    return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, v.size(3))
 
 
 @torch.library.register_fake("torch_flash_backend::varlen_fwd")
@@ -42,7 +42,7 @@ def _varlen_fwd_fake(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale=None, is_c
                      backward_family=None, window_left=-1, window_right=-1, seqused_k=None):
     check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k)
     check_band(None, is_causal, window_left, window_right)
-    return q.new_empty(q.shape), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
+    return q.new_empty((q.size(0), q.size(1), v.size(2))), q.new_empty((q.size(1), q.size(0)), dtype=torch.float32)
 
 
 @torch.library.register_fake("torch_flash_backend::varlen_bwd")

@@ -349,14 +349,12 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     b, hq, length, e = q.shape
     bk, hkv, s, ek = k.shape
     bv, hv, sv, ev = v.shape
-    if ev != e:  # k's differing from q's is an error (check_sdpa_args); v's is SDPA's to serve
-        return _fallback(f"head dims differ: q {e}, k {ek}, v {ev}")
     if bk != b or bv != b or hv != hkv or sv != s:
         return _fallback(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if hq != hkv:
         if not enable_gqa:
             return _fallback(f"q has {hq} heads but k/v have {hkv} and enable_gqa=False")
-    if b == 0 or hq == 0 or length == 0 or s == 0 or e == 0:
+    if b == 0 or hq == 0 or length == 0 or s == 0 or e == 0 or ev == 0:
         return _fallback(f"zero-size input (q {tuple(q.shape)}, k {tuple(k.shape)}); PyTorch's SDPA handles it")
     if packed is not None:
         # The longest sequence's query decides what a short query would.
@@ -372,7 +370,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         causal += f", window {window}{aligned}"
     if packed is not None:
         causal += f", packed batch of {packed[0]} sequences"
-    detail = f"{dtype_name}, head dim {e}" + causal + (
+    detail = f"{dtype_name}, {_head_dims(e, ev)}" + causal + (
         f", GQA {hq}:{hkv}" if hq != hkv else "") + (_mask_detail(attn_mask) if masked else "")
     if on_cpu:
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
@@ -382,7 +380,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, routing=not pinned,
                                      mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask),
-                                     packed=packed is not None)
+                                     packed=packed is not None, ev=ev)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -448,9 +446,13 @@ def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable
     return decision.family, decision.backward_family
 
 
+def _head_dims(e: int, ev: int) -> str:
+    return f"head dim {e}" if ev == e else f"head dims {e} (q, k) and {ev} (v)"
+
+
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool, length: int, group: int, routing: bool = True,
-                      mask_kind: str = "", packed: bool = False) -> Decision:
+                      mask_kind: str = "", packed: bool = False, ev: int | None = None) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -478,12 +480,16 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     smem = probe.smem_per_block(device) if needs_grad else 0
     return _choose(capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e,
                    needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind,
-                   packed)
+                   packed, ev)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
-            route_single: bool = True, mask_kind: str = "", packed: bool = False) -> Decision:
+            route_single: bool = True, mask_kind: str = "", packed: bool = False,
+            ev: int | None = None) -> Decision:
+    """e: q's and k's head dim; ev: v's (None: e)."""
+    ev = e if ev is None else ev
+    what = _head_dims(e, ev)
     allowed = _parse_families(env)
     families = [f for f in _families(capability) if allowed is None or f in allowed]
     if not families:
@@ -495,25 +501,25 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         """The pass's kernels that run head dim e, in the registry's order, those
         built for e first: a head dim below a kernel's runs on it (its columns
         padded on chip) only where no family has one of its own."""
-        found = [k for k in (serving_kernel(kernels, f, pass_, dtype_name, e, e) for f in families) if k is not None]
-        return sorted(found, key=lambda k: k.head_dim != e)
+        found = [k for k in (serving_kernel(kernels, f, pass_, dtype_name, e, ev) for f in families) if k is not None]
+        return sorted(found, key=lambda k: not k.head_dim == e == ev)
 
     fwd_kernels = serving("fwd")
     if packed:
         tiled = [k for k in fwd_kernels if not k.max_rows]
         fwd_kernels = [k for k in fwd_kernels if k.seqlens]
         if not fwd_kernels:
-            return _fallback(f"a packed variable-length batch: no forward built for {dtype_name} head dim {e} reads "
+            return _fallback(f"a packed variable-length batch: no forward built for {dtype_name} {what} reads "
                              f"one{only}")
         if routing and tiled and not tiled[0].seqlens:
             return _fallback(PACKED_SLOWER_REASON.format(preferred=tiled[0].family, reader=fwd_kernels[0].family))
     if mask_kind:
         readers = [k for k in fwd_kernels if k.reads_mask(mask_kind)]
         if mask_kind == "window" and not readers:
-            return _fallback(f"a window's left edge (window_left): no forward built for {dtype_name} head dim {e} "
+            return _fallback(f"a window's left edge (window_left): no forward built for {dtype_name} {what} "
                              f"reads one{only}")
         if not readers:
-            return _fallback(f"attn_mask: no forward built for {dtype_name} head dim {e} reads a mask{only}")
+            return _fallback(f"attn_mask: no forward built for {dtype_name} {what} reads a mask{only}")
         if length >= MIN_QUERY_LEN and not any(not k.max_rows for k in readers):
             return _fallback(MASK_LONG_QUERY_REASON)
         fwd_kernels = readers
@@ -548,11 +554,11 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         dims = sorted({int(n.rsplit("hdim", 1)[1]) for n in kernels if f"_fwd_{dtype_name}_" in n and n.split("_")[0] in families})
         pads = " (a smaller multiple of 8 runs on the next larger)" if any(
             k.pads for k in kernels if k.family in families) else ""
-        return _fallback(f"no kernel has head dim {e} for {dtype_name}{only}; head dims built: "
+        return _fallback(f"no kernel has {what} for {dtype_name}{only}; head dims built: "
                          f"{', '.join(map(str, dims)) or 'none'}{pads}")
     if not needs_grad:
         return Decision(True, str(fwd), detail)
-    why_not = f"inputs require grad but no backward kernel was built for {dtype_name} head dim {e}{only}"
+    why_not = f"inputs require grad but no backward kernel was built for {dtype_name} {what}{only}"
     for bwd in serving("bwd"):
         family = bwd.family
         if packed and not bwd.seqlens:

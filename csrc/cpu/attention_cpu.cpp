@@ -234,7 +234,8 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   const Rows<const T> Q(q), K(k), V(v);
   const Rows<T> O(out);
   float* lse_data = lse.data_ptr<float>();
-  const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
+  const int64_t E = s.head_dim, Ev = s.head_dim_v, group = s.heads_q / s.heads_kv;
+  const int64_t ld = round_up(std::max(E, Ev), kVec);  // columns past a tensor's head dim are zeros
   const int64_t q_blocks = ceil_div(s.len_q, kBlockQ);
 
   at::parallel_for(0, s.batch * s.heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
@@ -255,12 +256,12 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
         const int64_t cols = std::min(kBlockK, k_end - k0), width = round_up(cols, kVec);
         load_tile(K, b, hk, k0, cols, E, k_tile.data(), ld);
         transpose_tile(k_tile.data(), ld, cols, E, kt_tile.data(), kBlockK);
-        load_tile(V, b, hk, k0, cols, E, v_tile.data(), ld);
+        load_tile(V, b, hk, k0, cols, Ev, v_tile.data(), ld);
         std::fill(scores.begin(), scores.end(), 0.f);
         matmul_acc(q_tile.data(), ld, kt_tile.data(), kBlockK, scores.data(), kBlockK, rows, width, E);
         for (int64_t i = 0; i < rows; ++i) {
           softmax_step(scores.data() + i * kBlockK, visible_keys(band, r0 + i, k0, cols), width, scale,
-                       row_max[i], row_sum[i], acc.data() + i * ld, E,
+                       row_max[i], row_sum[i], acc.data() + i * ld, Ev,
                        [&](int64_t j) { return mask.bias(plane, r0 + i, k0 + j); });
         }
         matmul_acc(scores.data(), kBlockK, v_tile.data(), ld, acc.data(), ld, rows, ld, cols);
@@ -269,10 +270,10 @@ void fwd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
       for (int64_t i = 0; i < rows; ++i) {
         // A row the mask hides entirely sums to 0: its output is 0, its lse -inf.
         const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
-        for (int64_t c = 0; c < E; ++c) acc[i * ld + c] *= inv;
+        for (int64_t c = 0; c < Ev; ++c) acc[i * ld + c] *= inv;
         lse_row[i] = row_sum[i] > 0.f ? row_max[i] + std::log(row_sum[i]) : kNegInf;
       }
-      store_tile(O, b, h, r0, rows, E, acc.data(), ld, 1.f);
+      store_tile(O, b, h, r0, rows, Ev, acc.data(), ld, 1.f);
     }
   });
 }
@@ -288,7 +289,7 @@ void bwd_delta(const at::Tensor& grad_out, const at::Tensor& out, float* delta, 
         const T* g = dO.row(b, h, i);
         const T* o = O.row(b, h, i);
         float d = 0.f;
-        for (int64_t c = 0; c < s.head_dim; ++c) d += static_cast<float>(g[c]) * static_cast<float>(o[c]);
+        for (int64_t c = 0; c < s.head_dim_v; ++c) d += static_cast<float>(g[c]) * static_cast<float>(o[c]);
         delta[bh * s.len_q + i] = d;
       }
     }
@@ -302,7 +303,8 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
                    const Band& band, const MaskView& mask) {
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dQ(dq);
-  const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
+  const int64_t E = s.head_dim, Ev = s.head_dim_v, group = s.heads_q / s.heads_kv;
+  const int64_t ld = round_up(std::max(E, Ev), kVec);  // columns past a tensor's head dim are zeros
   const int64_t q_blocks = ceil_div(s.len_q, kBlockQ);
 
   at::parallel_for(0, s.batch * s.heads_q * q_blocks, 1, [&](int64_t begin, int64_t end) {
@@ -317,19 +319,19 @@ void bwd_dq_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::Te
       const float* lse_row = lse + (b * s.heads_q + h) * s.len_q + r0;
       const float* delta_row = delta + (b * s.heads_q + h) * s.len_q + r0;
       load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
-      load_tile(dO, b, h, r0, rows, E, do_tile.data(), ld);
+      load_tile(dO, b, h, r0, rows, Ev, do_tile.data(), ld);
       std::fill(acc.begin(), acc.end(), 0.f);
       const int64_t k_end = band.key_end(static_cast<int>(r0 + rows - 1));
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, k_end - k0), width = round_up(cols, kVec);
         load_tile(K, b, hk, k0, cols, E, k_tile.data(), ld);
         transpose_tile(k_tile.data(), ld, cols, E, kt_tile.data(), kBlockK);
-        load_tile(V, b, hk, k0, cols, E, v_tile.data(), ld);
-        transpose_tile(v_tile.data(), ld, cols, E, vt_tile.data(), kBlockK);
+        load_tile(V, b, hk, k0, cols, Ev, v_tile.data(), ld);
+        transpose_tile(v_tile.data(), ld, cols, Ev, vt_tile.data(), kBlockK);
         std::fill(scores.begin(), scores.end(), 0.f);
         std::fill(dp.begin(), dp.end(), 0.f);
         matmul_acc(q_tile.data(), ld, kt_tile.data(), kBlockK, scores.data(), kBlockK, rows, width, E);
-        matmul_acc(do_tile.data(), ld, vt_tile.data(), kBlockK, dp.data(), kBlockK, rows, width, E);
+        matmul_acc(do_tile.data(), ld, vt_tile.data(), kBlockK, dp.data(), kBlockK, rows, width, Ev);
         for (int64_t i = 0; i < rows; ++i) {
           // dS = P * (dP - D), written over the scores.
           float* ds = scores.data() + i * kBlockK;
@@ -358,7 +360,8 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
                      const AttnShape& s, float scale, const Band& band, const MaskView& mask) {
   const Rows<const T> dO(grad_out), Q(q), K(k), V(v);
   const Rows<T> dK(dk), dV(dv);
-  const int64_t E = s.head_dim, ld = round_up(E, kVec), group = s.heads_q / s.heads_kv;
+  const int64_t E = s.head_dim, Ev = s.head_dim_v, group = s.heads_q / s.heads_kv;
+  const int64_t ld = round_up(std::max(E, Ev), kVec);  // columns past a tensor's head dim are zeros
   const int64_t k_blocks = ceil_div(s.len_k, kBlockK);
 
   at::parallel_for(0, s.batch * s.heads_kv * k_blocks, 1, [&](int64_t begin, int64_t end) {
@@ -369,7 +372,7 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
       const int64_t b = task / (s.heads_kv * k_blocks), hk = task / k_blocks % s.heads_kv;
       const int64_t k0 = task % k_blocks * kBlockK, cols = std::min(kBlockK, s.len_k - k0);
       load_tile(K, b, hk, k0, cols, E, k_tile.data(), ld);
-      load_tile(V, b, hk, k0, cols, E, v_tile.data(), ld);
+      load_tile(V, b, hk, k0, cols, Ev, v_tile.data(), ld);
       std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
       std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -381,13 +384,13 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
           const int64_t rows = std::min(kBlockQ, s.len_q - r0), width = round_up(rows, kVec);
           load_tile(Q, b, h, r0, rows, E, q_tile.data(), ld);
           transpose_tile(q_tile.data(), ld, rows, E, qt_tile.data(), kBlockQ);
-          load_tile(dO, b, h, r0, rows, E, do_tile.data(), ld);
-          transpose_tile(do_tile.data(), ld, rows, E, dot_tile.data(), kBlockQ);
+          load_tile(dO, b, h, r0, rows, Ev, do_tile.data(), ld);
+          transpose_tile(do_tile.data(), ld, rows, Ev, dot_tile.data(), kBlockQ);
           // Transposed tiles: row j of p is key j against every query row.
           std::fill(p.begin(), p.end(), 0.f);
           std::fill(ds.begin(), ds.end(), 0.f);
           matmul_acc(k_tile.data(), ld, qt_tile.data(), kBlockQ, p.data(), kBlockQ, cols, width, E);
-          matmul_acc(v_tile.data(), ld, dot_tile.data(), kBlockQ, ds.data(), kBlockQ, cols, width, E);
+          matmul_acc(v_tile.data(), ld, dot_tile.data(), kBlockQ, ds.data(), kBlockQ, cols, width, Ev);
           for (int64_t j = 0; j < cols; ++j) {
             float* pj = p.data() + j * kBlockQ;
             float* dsj = ds.data() + j * kBlockQ;
@@ -406,7 +409,7 @@ void bwd_dkdv_kernel(const at::Tensor& grad_out, const at::Tensor& q, const at::
         }
       }
       store_tile(dK, b, hk, k0, cols, E, dk_acc.data(), ld, scale);
-      store_tile(dV, b, hk, k0, cols, E, dv_acc.data(), ld, 1.f);
+      store_tile(dV, b, hk, k0, cols, Ev, dv_acc.data(), ld, 1.f);
     }
   });
 }
@@ -497,7 +500,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cpu(const at::Tensor& q, const at:
   check_family(family);
   check_family(backward_family);
   mask_args(false, is_causal, true, window_left, window_right);  // the window's checks
-  at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor out = at::zeros({s.total_q, s.heads_q, s.head_dim_v}, q.options());
   at::Tensor lse = at::full({s.heads_q, s.total_q}, -std::numeric_limits<float>::infinity(),
                             q.options().dtype(at::kFloat));
   for (const Sequence& seq : check_sequences(s, cu_seq_q, cu_seq_k, seqused_k)) {

@@ -148,7 +148,7 @@ void fill_varlen(AttnFwdParams& p, const VarlenShape& s, const at::Tensor& q, co
   check_vector_aligned(as_rows(v), "v");
   TORCH_CHECK(s.total_q < INT32_MAX && s.total_k < INT32_MAX, "packed batches hold fewer than 2^31 tokens");
   fill_fwd(p, as_rows(q), as_rows(k), as_rows(v), as_rows(out), lse.unsqueeze(0),
-           {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim, s.head_dim}, softmax_scale(scale, s.head_dim),
+           {1, s.heads_q, s.heads_kv, s.total_q, s.total_k, s.head_dim, s.head_dim_v}, softmax_scale(scale, s.head_dim),
            info.num_sms);
   fill_mask(p, at::Tensor(), band);
   p.batch = static_cast<int>(s.batch);
@@ -195,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd_cuda(const at::Tensor& q, const at
   const VarlenShape s = check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k);
   const MaskArgs band = mask_args(false, is_causal, true, window_left, window_right);
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({s.total_q, s.heads_q, s.head_dim}, q.options());
+  at::Tensor out = at::empty({s.total_q, s.heads_q, s.head_dim_v}, q.options());
   at::Tensor lse = at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat));
   if (nothing_to_compute(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
   const DeviceInfo& info = check_cuda_device(q);
@@ -250,9 +250,10 @@ Descale check_descale(const std::optional<at::Tensor>& t, const char* name, cons
   return {d->data_ptr<float>(), d->stride(0), d->stride(1)};
 }
 
-void check_fp8_inputs(const at::Tensor& q, const DeviceInfo& info, int64_t head_dim) {
+void check_fp8_inputs(const at::Tensor& q, const DeviceInfo& info, int64_t head_dim, int64_t head_dim_v) {
   TORCH_CHECK(q.scalar_type() == at::kFloat8_e4m3fn, "FP8 attention takes float8_e4m3fn q, k, v, got ",
               q.scalar_type());
+  TORCH_CHECK(head_dim_v == head_dim, "FP8 attention takes v of q's head dim (", head_dim, "), got ", head_dim_v);
   TORCH_CHECK(info.major == 9 && info.minor == 0, "FP8 attention runs on compute capability 9.0 (Hopper); device ",
               q.device(), " has ", info.major, ".", info.minor);
   TORCH_CHECK(sm90::has_fwd(DType::kFloat8E4M3, static_cast<int>(head_dim)),
@@ -289,7 +290,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_fwd_cuda(const at::Tensor& q, const at::T
   at::Tensor lse = at::empty({s.batch, s.heads_q, s.len_q}, q.options().dtype(at::kFloat));
   if (is_empty_problem(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
   const DeviceInfo& info = check_cuda_device(q);
-  check_fp8_inputs(q, info, s.head_dim);
+  check_fp8_inputs(q, info, s.head_dim, s.head_dim_v);
   check_vector_aligned(q, "q");
   check_vector_aligned(k, "k");
   check_vector_aligned(v, "v");
@@ -314,7 +315,7 @@ std::tuple<at::Tensor, at::Tensor> fp8_varlen_fwd_cuda(
   at::Tensor lse = at::empty({s.heads_q, s.total_q}, q.options().dtype(at::kFloat));
   if (nothing_to_compute(s)) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
   const DeviceInfo& info = check_cuda_device(q);
-  check_fp8_inputs(q, info, s.head_dim);
+  check_fp8_inputs(q, info, s.head_dim, s.head_dim_v);
   AttnFwdParams p{};
   fill_varlen(p, s, q, k, v, out, lse, cu_seq_q, cu_seq_k, seqused_k, scale,
               mask_args(false, is_causal, true, -1, -1), info);

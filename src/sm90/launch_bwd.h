@@ -107,8 +107,9 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd(const AttnBwdParams& a, cudaStream_t stream) {
   using Traits = typename BwdConfig<Element, kHeadDim>::Traits;
-  if (a.head_dim != kHeadDim || a.qk_dim > kHeadDim || a.v_dim > kHeadDim || a.heads_kv <= 0 || a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 ||
-      a.batch <= 0 || !can_run_bwd(a) || !HeadBatchGrid::fits(a.heads_q, a.batch)) {
+  if (a.head_dim != kHeadDim || a.qk_dim > kHeadDim || a.v_dim > kHeadDim || a.heads_kv <= 0 ||
+      a.heads_q % a.heads_kv != 0 || a.len_q <= 0 || a.len_k <= 0 || a.batch <= 0 || !can_run_bwd(a) ||
+      !HeadBatchGrid::fits(a.heads_q, a.batch)) {
     return cudaErrorInvalidValue;
   }
   const BwdWorkspace ws = carve_bwd_workspace(a);
