@@ -60,7 +60,7 @@ struct FwdEpilogue {
     Tensor tOcO = thr_store.partition_D(make_identity_tensor(TileO{}));
     Tensor tOrO = make_tensor<Element>(shape(tOgO));
     copy(gmem_store, tOsO, tOrO);
-    copy_rows_guarded<kHeadDim>(gmem_store, tOrO, tOgO, tOcO, len_q - m0, p.v_dim);
+    copy_rows_guarded(gmem_store, tOrO, tOgO, tOcO, len_q - m0, p.v_dim);
   }
 };
 

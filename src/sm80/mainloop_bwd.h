@@ -98,8 +98,7 @@ struct BwdMainloop {
     typename Traits::GmemLoad tc;
     auto thr = tc.get_thread_slice(tid);
     Tensor coord = thr.partition_S(make_identity_tensor(shape(g)));
-    constexpr int kCols = decltype(size<1>(g))::value;
-    copy_rows_zfill<kCols>(tc, thr.partition_S(g), thr.partition_D(s), coord, rows_valid, cols);
+    copy_rows_zfill(tc, thr.partition_S(g), thr.partition_D(s), coord, rows_valid, cols);
   }
 
   CUTE_DEVICE void load_k_v(const AttnBwdParams& p, const BwdBlock& blk) const {

@@ -77,12 +77,12 @@ struct FwdMainloop {
     Tensor tVsV = thr_load.partition_D(sV);
     Tensor tKVcKV = thr_load.partition_S(make_identity_tensor(TileKV{}));
     auto load_k = [&](int n_block, int stage) {
-      copy_rows_zfill<kHeadDim>(gmem_load, tKgK(_, _, _, n_block), at_stage(tKsK, stage), tKVcKV,
-                                len_k - n_block * kBlockN, p.qk_dim);
+      copy_rows_zfill(gmem_load, tKgK(_, _, _, n_block), at_stage(tKsK, stage), tKVcKV, len_k - n_block * kBlockN,
+                      p.qk_dim);
     };
     auto load_v = [&](int n_block, int stage) {
-      copy_rows_zfill<kHeadDim>(gmem_load, tVgV(_, _, _, n_block), at_stage(tVsV, stage), tKVcKV,
-                                len_k - n_block * kBlockN, p.v_dim);
+      copy_rows_zfill(gmem_load, tVgV(_, _, _, n_block), at_stage(tVsV, stage), tKVcKV, len_k - n_block * kBlockN,
+                      p.v_dim);
     };
 
     // Shared -> registers, MMA fragments.
@@ -112,7 +112,7 @@ struct FwdMainloop {
     // A tile the mask hides entirely (or whose rows all precede a bottom-right
     // diagonal) loads nothing: no copy in flight for the epilogue's reuse of Q's buffer.
     if (n_last >= 0) {
-      copy_rows_zfill<kHeadDim>(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0, p.qk_dim);
+      copy_rows_zfill(gmem_load, tQgQ, tQsQ, tQcQ, len_q - m0, p.qk_dim);
       load_k(n_last, 0);
     }
     cp_async_fence();

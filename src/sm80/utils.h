@@ -100,51 +100,33 @@ CUTE_DEVICE void gemm_rs(TiledMma const& mma, Acc& acc, RA const& ra, RB& rb, RB
 // Global -> shared with a zero-filling cp.async atom: the thread's partition
 // src/dst has shape (CPY, CPY_ROWS, CPY_COLS) and `coord` is the same partition
 // of an identity tensor. Rows at or past row_limit and columns at or past
-// col_limit (a tensor's head dim below the tile's kCols: a multiple of the
-// atom's 8 columns) are not read; their shared copy becomes zeros, so MMAs
-// over them add nothing and never see NaN. A tensor as wide as the tile takes
-// a branch without the column test (the same code as before it existed: that
-// test cost the loads 1-3% at head dim 64).
-template <int kCols, class ZfillAtom, class Src, class Dst, class Coord>
+// col_limit (a tensor's head dim below the kernel's: a multiple of the atom's
+// 8 columns) are not read; their shared copy becomes zeros, so MMAs over them
+// add nothing and never see NaN.
+template <class ZfillAtom, class Src, class Dst, class Coord>
 CUTE_DEVICE void copy_rows_zfill(ZfillAtom const& atom, Src const& src, Dst&& dst, Coord const& coord,
                                  int row_limit, int col_limit) {
-  if (col_limit >= kCols) {
 #pragma unroll
-    for (int m = 0; m < size<1>(src); ++m) {
-      const bool in_range = get<0>(coord(0, m, 0)) < row_limit;
+  for (int m = 0; m < size<1>(src); ++m) {
+    const bool in_range = get<0>(coord(0, m, 0)) < row_limit;
 #pragma unroll
-      for (int k = 0; k < size<2>(src); ++k) copy(atom.with(in_range), src(_, m, k), dst(_, m, k));
-    }
-  } else {
-#pragma unroll
-    for (int m = 0; m < size<1>(src); ++m) {
-      const bool in_range = get<0>(coord(0, m, 0)) < row_limit;
-#pragma unroll
-      for (int k = 0; k < size<2>(src); ++k) {
-        copy(atom.with(in_range && get<1>(coord(0, m, k)) < col_limit), src(_, m, k), dst(_, m, k));
-      }
+    for (int k = 0; k < size<2>(src); ++k) {
+      copy(atom.with(in_range && get<1>(coord(0, m, k)) < col_limit), src(_, m, k), dst(_, m, k));
     }
   }
 }
 
 // Registers/shared -> global, skipping rows at or past row_limit and columns
-// at or past col_limit (as copy_rows_zfill: no column test for a full tile).
-template <int kCols, class TiledCopy, class Src, class Dst, class Coord>
+// at or past col_limit.
+template <class TiledCopy, class Src, class Dst, class Coord>
 CUTE_DEVICE void copy_rows_guarded(TiledCopy const& tiled_copy, Src const& src, Dst&& dst, Coord const& coord,
                                    int row_limit, int col_limit) {
-  if (col_limit >= kCols) {
 #pragma unroll
-    for (int m = 0; m < size<1>(src); ++m) {
-      if (get<0>(coord(0, m, 0)) < row_limit) copy(tiled_copy, src(_, m, _), dst(_, m, _));
-    }
-  } else {
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) < row_limit) {
 #pragma unroll
-    for (int m = 0; m < size<1>(src); ++m) {
-      if (get<0>(coord(0, m, 0)) < row_limit) {
-#pragma unroll
-        for (int k = 0; k < size<2>(src); ++k) {
-          if (get<1>(coord(0, m, k)) < col_limit) copy(tiled_copy, src(_, m, k), dst(_, m, k));
-        }
+      for (int k = 0; k < size<2>(src); ++k) {
+        if (get<1>(coord(0, m, k)) < col_limit) copy(tiled_copy, src(_, m, k), dst(_, m, k));
       }
     }
   }

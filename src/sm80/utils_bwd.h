@@ -60,7 +60,7 @@ CUTE_DEVICE void store_tile(Smem const& s, Gmem&& g, int rows_valid, int cols, i
   Tensor reg = make_tensor<typename Smem::value_type>(shape(src));
   copy(tc, src, reg);
   Tensor coord = thr.partition_D(make_identity_tensor(shape(g)));
-  copy_rows_guarded<decltype(size<1>(g))::value>(tc, reg, thr.partition_D(g), coord, rows_valid, cols);
+  copy_rows_guarded(tc, reg, thr.partition_D(g), coord, rows_valid, cols);
 }
 
 }  // namespace tfb::sm80::bwd
