@@ -347,7 +347,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
     if dtype_name is None or (dtype == torch.float32 and not on_cpu):
         return _fallback(f"dtype {dtype} is not supported (float16 and bfloat16 only)")
     b, hq, length, e = q.shape
-    bk, hkv, s, ek = k.shape
+    bk, hkv, s, _ = k.shape
     bv, hv, sv, ev = v.shape
     if bk != b or bv != b or hv != hkv or sv != s:
         return _fallback(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")

@@ -156,7 +156,7 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
 }  // namespace
 
 // The one rule for which instantiation serves a call's head dims (the
-// router's _library.serving_head_dim restates it for the records, and a test
+// router's _library.serving_kernel restates it for the records, and a test
 // holds the two together): the same head dim where one was built; for a pass
 // that pads, the smallest built one at least as large as both, when both are
 // multiples of 8 (whole 16-byte vectors: the zero-filled columns never split
