@@ -8,6 +8,7 @@ ones, and the Python rule (_library.serving_kernel) against the ops' own
 (csrc/cuda/families.cpp serving_head_dim)."""
 import contextlib
 
+import expecttest
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -325,6 +326,24 @@ def test_compiled_function_with_a_value_head_dim_unlike_the_querys():
     want = torch.autograd.grad(f(q, k, v), (q, k, v))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_export_with_a_value_head_dim_unlike_the_querys():
+    """torch.export of SDPA under enable(strict=True) (CPU ops): the exported op's
+    output takes v's head dim, and the program matches PyTorch's SDPA."""
+    class Latent(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    torch.manual_seed(0)
+    q, k, v, _ = _mla(1, 4, 2, 24, 24, 64, 32, torch.float32, "cpu", layout="bhle")
+    with testing.route_cpu():
+        ep = torch.export.export(tfb.enable(strict=True)(Latent()), (q, k, v))
+    ours = [n for n in ep.graph.nodes if "torch_flash_backend" in str(n.target)]
+    expecttest.assert_expected_inline(
+        str([(str(n.target), [tuple(t.shape) for t in n.meta["val"]]) for n in ours]),
+        """[('torch_flash_backend.fwd.default', [(1, 4, 24, 32), (1, 4, 24)])]""")
+    torch.testing.assert_close(ep.module()(q, k, v), Latent()(q, k, v), atol=1e-5, rtol=1e-5)
 
 
 def test_router_serves_a_value_head_dim_unlike_the_querys():
