@@ -74,6 +74,20 @@ def _make(b, h, length, e, dtype, layout):
     return torch.randn(b, h, length, e, device="cuda", dtype=dtype)
 
 
+def inputs_and_reference(case, head_dim, dtype):
+    """A CASES entry's q, k, v and dout (drawn from the current seed), with the
+    float64 reference's out, lse and (dq, dk, dv)."""
+    b, hq, hkv, L, S, causal, layout, scale = case
+    q = _make(b, hq, L, head_dim, dtype, layout)
+    k = _make(b, hkv, S, head_dim, dtype, layout)
+    v = _make(b, hkv, S, head_dim, dtype, layout)
+    dout = _make(b, hq, L, head_dim, dtype, layout)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out64, lse64 = attention_ref(q64, k64, v64, scale, causal)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    return q, k, v, dout, out64, lse64, ref
+
+
 # A few of CASES run end to end: odd lengths, GQA, custom scales, every layout.
 PATH_CASES = [
     (2, 4, 4, 128, 128, True, "blhe", None),
@@ -111,16 +125,9 @@ def _default_forward_family(dtype, head_dim):
 def test_bwd_matches_reference(dtype, head_dim, case, family):
     if head_dim not in _built_bwd_head_dims(family) or not _bwd_runs_here(family):
         pytest.skip(f"no {family} backward built for head_dim={head_dim} that runs here")
-    b, hq, hkv, L, S, causal, layout, scale = case
+    _, hq, _, L, S, causal, _, scale = case
     torch.manual_seed(hash((head_dim, L, S, hq, causal)) % 2**31)
-    q = _make(b, hq, L, head_dim, dtype, layout)
-    k = _make(b, hkv, S, head_dim, dtype, layout)
-    v = _make(b, hkv, S, head_dim, dtype, layout)
-    dout = _make(b, hq, L, head_dim, dtype, layout)
-
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out64, lse64 = attention_ref(q64, k64, v64, scale, causal)
-    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    q, k, v, dout, out64, lse64, ref = inputs_and_reference(case, head_dim, dtype)
 
     out = torch.empty_like(q).copy_(out64.detach())
     lse = lse64.detach().float().contiguous()

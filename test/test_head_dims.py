@@ -18,7 +18,7 @@ import torch_flash_backend as tfb
 from torch_flash_backend import _library, _router, testing
 
 from reference import assert_within_baseline, attention_ref, max_err, stable_seed
-from test_cuda_bwd import _make, _sdpa_grads
+from test_cuda_bwd import _sdpa_grads, inputs_and_reference
 
 SM80 = testing.registry_kernel_names("sm80")
 SM90 = testing.registry_kernel_names("sm90")
@@ -114,20 +114,14 @@ def _case_id(c):
 def test_forward_and_backward_at_head_dims_between_kernels(head_dim, case, family):
     if family not in _families_here():
         pytest.skip(f"{family} does not run here")
-    b, hq, hkv, L, S, causal, layout, scale = case
+    _, hq, hkv, _, _, causal, _, scale = case
     # float16: bfloat16's 8-bit rounding of the outputs outweighs the kernels'
     # arithmetic in this criterion (an output one ulp off against a correctly
     # rounded baseline is 2x already); test_padding_adds_nothing shows bfloat16
     # gives bitwise what the larger kernel gives.
     dtype = torch.float16
     torch.manual_seed(stable_seed(head_dim, case, family))
-    q = _make(b, hq, L, head_dim, dtype, layout)
-    k = _make(b, hkv, S, head_dim, dtype, layout)
-    v = _make(b, hkv, S, head_dim, dtype, layout)
-    dout = _make(b, hq, L, head_dim, dtype, layout)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out64, lse64 = attention_ref(q64, k64, v64, scale, causal)
-    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    q, k, v, dout, out64, lse64, ref = inputs_and_reference(case, head_dim, dtype)
 
     out, lse = torch.ops.torch_flash_backend.fwd(q, k, v, scale, causal, family)
     torch.cuda.synchronize()
