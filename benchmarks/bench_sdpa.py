@@ -19,8 +19,11 @@ TFB_KERNEL_FAMILIES (left out where it would equal "ours"); flash, cudnn and
 efficient are PyTorch's, default its SDPA with no backend chosen (what a
 model gets without us); fa4 is FlashAttention-4's flash_attn_func (pip
 package flash-attn-4; left out where it is not installed), on the same
-(B, L, H, E) memory. The table prints as markdown, ready for RESULTS.md;
-notes (the kernels ours runs, backends that refused a shape) follow it.
+(B, L, H, E) memory. With --dropout P every backend runs SDPA's dropout_p = P
+(FlashAttention-4 has none and is left out) and "ours-nodrop" is ours
+without it, for the cost of drawing the mask. The table prints as markdown,
+ready for RESULTS.md; notes (the kernels ours runs, backends that refused a
+shape) follow it.
 """
 import argparse
 import contextlib
@@ -108,8 +111,9 @@ def make_inputs(b, h, l, e, dtype, grad, group=1, ev=None):
 
 # ours-det: ours under torch.use_deterministic_algorithms(True) (dQ summed in a
 # fixed order by the backward; the forward is the same).
-OURS = ("ours", "ours-sm80", "ours-det")
-RATIO_TO = ("ours-sm80", "default", "flash", "cudnn", "fa4")
+OURS = ("ours", "ours-sm80", "ours-det", "ours-nodrop")
+RATIO_TO = ("ours-nodrop", "ours-sm80", "default", "flash", "cudnn", "fa4")
+DROPOUT = 0.0  # --dropout
 
 
 def fa4(name="flash_attn_func"):
@@ -142,8 +146,10 @@ def runner(backend, q, k, v, causal, mode):
     if backend in OURS:
         import torch_flash_backend as tfb
 
+        p = 0.0 if backend == "ours-nodrop" else DROPOUT
+
         def fwd():
-            return tfb.flash_attn(q, k, v, is_causal=causal, enable_gqa=gqa)
+            return tfb.flash_attn(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=gqa)
     elif backend == "fa4":
         flash4 = fa4()
 
@@ -152,11 +158,12 @@ def runner(backend, q, k, v, causal, mode):
             return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
     elif backend == "default":
         def fwd():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=DROPOUT, is_causal=causal, enable_gqa=gqa)
     else:
         def fwd():
             with sdpa_kernel(BACKENDS[backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=DROPOUT, is_causal=causal,
+                                                      enable_gqa=gqa)
     return as_run(fwd, q, k, v, mode)
 
 
@@ -211,6 +218,7 @@ def main(argv=None):
                    help="v's head dim where it differs from q's and k's (e.g. 128 with --head-dims 192)")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--backends", default="ours,ours-sm80,flash,cudnn,efficient,fa4")
+    p.add_argument("--dropout", type=float, default=0.0, help="SDPA's dropout_p for every backend")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--sync", action="store_true",
@@ -224,6 +232,13 @@ def main(argv=None):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     backends = args.backends.split(",")
     notes = []
+    global DROPOUT
+    DROPOUT = args.dropout
+    if DROPOUT and "fa4" in backends:
+        backends.remove("fa4")
+        notes.append("fa4 left out: FlashAttention-4 has no dropout")
+    if not DROPOUT and "ours-nodrop" in backends:
+        backends.remove("ours-nodrop")
     if "ours-sm80" in backends and not sm90_serves_forward():
         backends.remove("ours-sm80")
         notes.append("ours-sm80 left out: no sm90 forward runs here, so ours is sm80 already")
@@ -233,6 +248,7 @@ def main(argv=None):
     print(f"# {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
           f"torch {torch.__version__}, {args.dtype}, {args.tokens} tokens/batch, hidden {args.hidden}, "
           f"{'GQA %d query heads per kv head, ' % args.group if args.group > 1 else ''}"
+          f"{'dropout_p %g, ' % DROPOUT if DROPOUT else ''}"
           f"{'synchronised after every call' if args.sync else 'calls queued'}\n")
     if args.gemm:
         print(f"bf16 GEMM 8192^3: {gemm_tflops(torch.bfloat16):.0f} TFLOP/s\n")

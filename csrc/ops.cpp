@@ -24,11 +24,11 @@ namespace {
 std::vector<std::string> kernel_families() {
   std::vector<std::string> lines;
 #define TFB_FAMILY_LINE(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
-                        seqlens, pads, passes, head_dims)                                                       \
+                        seqlens, pads, dropout, passes, head_dims)                                              \
   lines.push_back(std::string(#family) + " min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok          \
                   " align_bytes=" #align_bytes " max_rows=" #max_rows " masks=" masks                             \
                   " additive_masks=" additive_masks " windows=" windows " seqlens=" seqlens " pads=" pads         \
-                  " passes=" passes " head_dims=" head_dims);
+                  " dropout=" dropout " passes=" passes " head_dims=" head_dims);
   TFB_KERNEL_FAMILIES(TFB_FAMILY_LINE)
 #undef TFB_FAMILY_LINE
   return lines;
@@ -94,6 +94,22 @@ TORCH_LIBRARY(torch_flash_backend, m) {
       "bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None,"
       " bool bottom_right=False, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+  // fwd and bwd with dropout on P (SDPA's dropout_p, in (0, 1)): each (query,
+  // key) pair dropped with probability dropout_p, the kept ones scaled by
+  // 1 / (1 - dropout_p), drawn from PyTorch's CUDA generator
+  // (src/common/dropout.h: torch.manual_seed reproduces a call, a CUDA graph's
+  // replays draw anew). rng_state, int64 (2,), names the draws: the backward
+  // regenerates the forward's mask from it, and dropout_mask returns it as a
+  // bool (batch, heads, len_q, len_k) tensor (True = kept). CUDA alone.
+  m.def(
+      "dropout_fwd(Tensor q, Tensor k, Tensor v, float dropout_p, float? scale=None, bool is_causal=False,"
+      " str? family=None, str? backward_family=None, Tensor? attn_mask=None, bool bottom_right=False,"
+      " int window_left=-1, int window_right=-1) -> (Tensor out, Tensor lse, Tensor rng_state)");
+  m.def(
+      "dropout_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor rng_state,"
+      " float dropout_p, float? scale=None, bool is_causal=False, str? family=None, Tensor? attn_mask=None,"
+      " bool bottom_right=False, int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("dropout_mask(Tensor rng_state, float dropout_p, int batch, int heads, int len_q, int len_k) -> Tensor");
   // A packed variable-length batch, as FlashAttention's varlen functions and
   // PyTorch's flash ops take it: q (total_q, Hq, E), k and v (total_k, Hkv, E);
   // sequence b's query rows are [cu_seq_q[b], cu_seq_q[b + 1]), its keys start

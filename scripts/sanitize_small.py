@@ -15,9 +15,10 @@ families' masks (boolean and additive), forward and backward; "windows" their
 bands with a left edge (sliding windows), forward and backward; "varlen"
 packed variable-length batches, forward and backward, wrong offsets among them;
 "headdims" head dims between the built ones (run on the next larger kernel,
-their extra columns padded on chip), both family passes and packed batches.
+their extra columns padded on chip), both family passes and packed batches;
+"dropout" the dropout ops in each tiled family.
 
-    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen|headdims]
+    compute-sanitizer --tool memcheck python scripts/sanitize_small.py [sm80|default|decode|masks|windows|varlen|headdims|dropout]
     compute-sanitizer --tool racecheck python scripts/sanitize_small.py varlen 64
 
 An argument runs that pass alone (racecheck takes minutes per pass); a second,
@@ -253,6 +254,21 @@ def fp8():
     return dims
 
 
+def dropout(head_dims, families):
+    """dropout_fwd, dropout_bwd and dropout_mask over odd lengths, GQA, causal
+    and not, with the families pinned to each of `families`."""
+    for family in families:
+        for e in head_dims:
+            for b, hq, hkv, L, S, causal in ((1, 2, 2, 17, 300, False), (2, 4, 2, 130, 77, True),
+                                             (1, 2, 1, 257, 513, False)):
+                q = torch.randn(b, hq, L, e, device="cuda", dtype=torch.bfloat16)
+                k, v = (torch.randn(b, hkv, S, e, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                out, lse, rng = ops.dropout_fwd(q, k, v, 0.3, None, causal, family, family)
+                ops.dropout_bwd(torch.randn_like(out), q, k, v, out, lse, rng, 0.3, None, causal, family)
+                ops.dropout_mask(rng, 0.3, b, hq, L, S)
+    torch.cuda.synchronize()
+
+
 def main():
     built = set(tfb.built_kernels())
     head_dims = [e for e in (64, 96, 128, 192) if all(f"sm80_{p}_{d}_hdim{e}" in built
@@ -282,6 +298,11 @@ def main():
         varlen([40, 80])
         print(f"sanitize grid ran: head dims {dims} (packed {[40, 80]}), families sm80"
               f"{', default' if len(passes) > 1 else ''}")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "dropout":  # dropout in the tiled families
+        families = ["sm80"] + (["sm90"] if len(passes) > 1 else [])
+        dropout(head_dims + [256], families)
+        print(f"sanitize grid ran: dropout, head dims {head_dims + [256]}, families {families}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "fp8":  # the FP8 grid alone
         print(f"sanitize grid ran: fp8, head dims {fp8()}")

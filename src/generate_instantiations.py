@@ -41,13 +41,14 @@ def kernel_list_h() -> str:
              "#define TFB_KERNEL_PASSES(X) " + " ".join(f"X({f.name}, {p})" for f in registry.FAMILIES for p in f.passes),
              "",
              "// X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, seqlens,",
-             "// pads, passes, head dims); cc as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit;",
+             "// pads, dropout, passes, head dims); cc as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no",
+             "// limit;"
              "// masks: the passes that read a boolean attn_mask, additive_masks: those that read an additive one;",
              "// windows: those that read a band's left edge; seqlens: those that read per-sequence lengths (packed",
-             "// batches); pads: those that serve smaller head dims (registry.Family.pads); head dims per pass,",
-             "// \"fwd:64,128;bwd:64\".",
+             "// batches); pads: those that serve smaller head dims (registry.Family.pads); dropout: those that",
+             "// draw dropout; head dims per pass, \"fwd:64,128;bwd:64\".",
              "#define TFB_KERNEL_FAMILIES(X) " + " ".join(
-                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, "{",".join(f.masks)}", "{",".join(f.additive())}", "{",".join(f.windows)}", "{",".join(f.seqlens)}", "{",".join(f.pads)}", '
+                 f'X({f.name}, {f.min_cc}, {f.max_cc}, {str(f.stride0_ok).lower()}, {f.align_bytes}, {f.max_rows}, "{",".join(f.masks)}", "{",".join(f.additive())}", "{",".join(f.windows)}", "{",".join(f.seqlens)}", "{",".join(f.pads)}", "{",".join(f.dropout)}", '
                  f'"{",".join(f.passes)}", "{";".join(p + ":" + ",".join(map(str, f.dims(p))) for p in f.passes)}")'
                  for f in registry.FAMILIES),
              ""]

@@ -9,12 +9,12 @@
 #define TFB_KERNEL_PASSES(X) X(decode, fwd) X(sm90, fwd) X(sm90, bwd) X(sm80, fwd) X(sm80, bwd)
 
 // X(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, seqlens,
-// pads, passes, head dims); cc as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no limit;
-// masks: the passes that read a boolean attn_mask, additive_masks: those that read an additive one;
+// pads, dropout, passes, head dims); cc as major * 10 + minor, max_cc 0: no upper bound; max_rows 0: no
+// limit;// masks: the passes that read a boolean attn_mask, additive_masks: those that read an additive one;
 // windows: those that read a band's left edge; seqlens: those that read per-sequence lengths (packed
-// batches); pads: those that serve smaller head dims (registry.Family.pads); head dims per pass,
-// "fwd:64,128;bwd:64".
-#define TFB_KERNEL_FAMILIES(X) X(decode, 80, 0, true, 16, 256, "fwd", "fwd", "", "fwd", "", "fwd", "fwd:32,64,96,128,192,256") X(sm90, 90, 90, false, 16, 0, "fwd,bwd", "fwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:64,96,128,192,256;bwd:64,96,128,192,256") X(sm80, 80, 0, true, 16, 0, "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:32,64,96,128,192,256;bwd:32,64,96,128,192,256")
+// batches); pads: those that serve smaller head dims (registry.Family.pads); dropout: those that
+// draw dropout; head dims per pass, "fwd:64,128;bwd:64".
+#define TFB_KERNEL_FAMILIES(X) X(decode, 80, 0, true, 16, 256, "fwd", "fwd", "", "fwd", "", "", "fwd", "fwd:32,64,96,128,192,256") X(sm90, 90, 90, false, 16, 0, "fwd,bwd", "fwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:64,96,128,192,256;bwd:64,96,128,192,256") X(sm80, 80, 0, true, 16, 0, "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:32,64,96,128,192,256;bwd:32,64,96,128,192,256")
 
 #define TFB_DECODE_FWD_HEAD_DIMS 32, 64, 96, 128, 192, 256
 #define TFB_SM90_FWD_HEAD_DIMS 64, 96, 128, 192, 256

@@ -115,6 +115,24 @@ struct Descales {
   Descale q, k, v;
 };
 
+// Dropout on P (SDPA's dropout_p): each (query, key) pair of a (batch, q head)
+// is dropped with probability p and the kept ones scaled by 1 / (1 - p);
+// common/dropout.h draws the decisions from Philox, keyed by PyTorch's CUDA
+// generator. Seed and offset come as values, or (while a CUDA graph is
+// captured, and in the backward) from device pointers, as PyTorch's
+// PhiloxCudaState carries them; the forward writes the pair it used to
+// rng_state, which its backward then reads.
+struct DropoutArgs {
+  uint32_t threshold = 0;  // a pair whose 16-bit draw is below it is dropped; 0: no dropout
+  float keep_scale = 1.f;  // 1 / (1 - p)
+  uint64_t seed = 0, offset = 0;
+  const int64_t* seed_ptr = nullptr;    // set: seed is *seed_ptr ...
+  const int64_t* offset_ptr = nullptr;  // ... and offset *offset_ptr + offset_extra
+  uint64_t offset_extra = 0;
+  int64_t* rng_state = nullptr;  // the forward writes (seed, offset) here
+  TFB_PARAMS_HD bool on() const { return threshold != 0; }
+};
+
 struct AttnFwdParams {
   const void* q;  // (B, Hq, L, E)
   const void* k;  // (B, Hkv, S, E)
@@ -156,6 +174,7 @@ struct AttnFwdParams {
   MaskArgs mask;
   SplitKV split_kv;
   Descales descales;  // FP8 inputs alone
+  DropoutArgs dropout;
 
   // Batch b's query and key lengths: kernels read lengths through these.
   TFB_PARAMS_HD int seqlen_q(int b) const { return seqlens.q(b, len_q); }

@@ -46,6 +46,8 @@ class Family:
     # columns are zeros on chip and never written), and so a value head dim
     # unlike the query's (csrc/cuda/families.cpp serving_head_dim).
     pads: tuple[str, ...] = ()
+    # The passes that draw dropout on P (params.h DropoutArgs, common/dropout.h).
+    dropout: tuple[str, ...] = ()
     # (pass, head dims) for a pass that has fewer head dims than head_dims.
     pass_head_dims: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # (pass, head dim) instantiations whose tiles need a wgmma width that CuTe
@@ -91,7 +93,7 @@ FAMILIES = (
         # The backward reads a boolean mask alone (sm80's serves additive ones).
         # The forward reads packed batches from a tile list, the backward over the longest sequence's key tiles.
         stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",), windows=("fwd", "bwd"),
-        seqlens=("fwd", "bwd"), pads=("fwd", "bwd"), fp8_head_dims=(64, 128, 256),
+        seqlens=("fwd", "bwd"), pads=("fwd", "bwd"), dropout=("fwd", "bwd"), fp8_head_dims=(64, 128, 256),
         doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; reads attn_mask (the backward a boolean one)",
     ),
     Family(
@@ -100,7 +102,7 @@ FAMILIES = (
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual",
         stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"), windows=("fwd", "bwd"), seqlens=("fwd", "bwd"),
-        pads=("fwd", "bwd"),
+        pads=("fwd", "bwd"), dropout=("fwd", "bwd"),
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )

@@ -136,10 +136,13 @@ def test_unserved_calls_go_to_the_original(kernels):
     ours, originals = kernels
     q = torch.empty(2, 4, 64, 64, dtype=torch.bfloat16, device="cuda")
     sdpa = ours["_scaled_dot_product_flash_attention"]
-    assert sdpa(KEYSET, q, q, q, 0.1, False, False, scale=None) == "original"  # dropout
+    assert sdpa(KEYSET, q, q, q, 1.0, False, False, scale=None) == "original"  # dropout_p outside (0, 1)
     assert sdpa(KEYSET, q, q, q, 0.0, False, True, scale=None) == "original"  # debug mask
     assert sdpa(KEYSET, q[:, :, :8], q, q, 0.0, True, False, scale=None) == "original"  # short query
     assert len(originals["_scaled_dot_product_flash_attention"].calls) == 3
+    # Dropout is served (test_dropout.py), its seed output the op's rng_state as PyTorch's kernel packs it.
+    served = sdpa(KEYSET, q, q, q, 0.1, False, False, scale=None)
+    assert served != "original" and served[6].dtype == torch.uint64 and served[6].shape == (2,)
     # Causal with L != S is served: PyTorch's flash ops align it bottom-right, as the ops' bottom_right=True.
     assert sdpa(KEYSET, q[:, :, :32], q, q, 0.0, True, False, scale=None) != "original"
     blhe = q.transpose(1, 2)

@@ -41,6 +41,29 @@ def _backward(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
+def _dropout_setup_context(ctx, inputs, output):
+    (q, k, v, dropout_p, scale, is_causal, _family, backward_family, attn_mask, bottom_right, window_left,
+     window_right) = inputs
+    out, lse, rng_state = output
+    ctx.mark_non_differentiable(lse, rng_state)
+    ctx.save_for_backward(q, k, v, out, lse, rng_state, attn_mask)
+    ctx.dropout_p, ctx.scale, ctx.is_causal, ctx.backward_family = dropout_p, scale, is_causal, backward_family
+    ctx.bottom_right, ctx.window = bottom_right, (window_left, window_right)
+    ctx.mask_requires_grad = attn_mask is not None and attn_mask.requires_grad
+
+
+def _dropout_backward(ctx, grad_out, _grad_lse, _grad_rng_state):
+    q, k, v, out, lse, rng_state, attn_mask = ctx.saved_tensors
+    if ctx.mask_requires_grad:
+        raise RuntimeError("torch_flash_backend: attn_mask requires grad, and the kernels give no gradient for "
+                           "a mask; detach it, or call PyTorch's scaled_dot_product_attention")
+    family = ctx.backward_family
+    dq, dk, dv = _ops.dropout_bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, out, lse, rng_state,
+                                  ctx.dropout_p, ctx.scale, ctx.is_causal, family, attn_mask, ctx.bottom_right,
+                                  *ctx.window)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
 def _no_double_backward(ctx, *grads):
     raise RuntimeError("torch_flash_backend: double backward (grad of the attention backward) is not supported")
 
@@ -64,6 +87,9 @@ def _varlen_backward(ctx, grad_out, _grad_lse):
 
 torch.library.register_autograd("torch_flash_backend::fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd("torch_flash_backend::bwd", _no_double_backward)
+torch.library.register_autograd("torch_flash_backend::dropout_fwd", _dropout_backward,
+                                setup_context=_dropout_setup_context)
+torch.library.register_autograd("torch_flash_backend::dropout_bwd", _no_double_backward)
 torch.library.register_autograd("torch_flash_backend::varlen_fwd", _varlen_backward,
                                 setup_context=_varlen_setup_context)
 torch.library.register_autograd("torch_flash_backend::varlen_bwd", _no_double_backward)

@@ -92,6 +92,12 @@ def check_band(attn_mask, is_causal: bool, window_left: int, window_right: int) 
         raise ValueError(f"attn_mask cannot be combined with {band}; fold the band into the mask instead")
 
 
+def check_dropout(dropout_p) -> None:
+    """The dropout ops' p (csrc/cuda/attention_cuda.cpp dropout_of checks the same)."""
+    if not 0.0 < dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in (0, 1), got {dropout_p}")
+
+
 def check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k=None) -> int:
     """csrc/checks.h check_varlen's rules (the packed ops' metadata, never the
     offsets' values); returns the batch size."""

@@ -151,6 +151,9 @@ def _route(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, strict, 
         extra = {} if attn_mask is None else {"attn_mask": attn_mask}
         if bottom_right:
             extra["bottom_right"] = True
+        if dropout_p != 0.0:
+            return _ops.dropout_fwd(q, k, v, float(dropout_p), scale, is_causal, decision.family,
+                                    decision.backward_family, **extra)[0]
         return _ops.fwd(q, k, v, scale, is_causal, decision.family, decision.backward_family, **extra)[0]
     if strict:
         raise UnsupportedError(decision.reason)

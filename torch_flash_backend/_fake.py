@@ -7,7 +7,7 @@ assertions agree with eager execution.
 import torch
 
 from . import _library  # noqa: F401  (registers the ops)
-from ._checks import check_band, check_family, check_inputs, check_mask, check_varlen
+from ._checks import check_band, check_dropout, check_family, check_inputs, check_mask, check_varlen
 
 
 def empty_blhe(ref: torch.Tensor, b, h, length, e) -> torch.Tensor:
@@ -35,6 +35,29 @@ def _bwd_fake(grad_out, q, k, v, out, lse, scale=None, is_causal=False, family=N
     b, hq, length, e = q.shape
     hkv, s = k.size(1), k.size(2)
     return empty_blhe(q, b, hq, length, e), empty_blhe(k, b, hkv, s, e), empty_blhe(v, b, hkv, s, v.size(3))
+
+
+@torch.library.register_fake("torch_flash_backend::dropout_fwd")
+def _dropout_fwd_fake(q, k, v, dropout_p, scale=None, is_causal=False, family=None, backward_family=None,
+                      attn_mask=None, bottom_right=False, window_left=-1, window_right=-1):
+    check_dropout(dropout_p)
+    out, lse = _fwd_fake(q, k, v, scale, is_causal, family, backward_family, attn_mask, bottom_right, window_left,
+                         window_right)
+    return out, lse, q.new_empty((2,), dtype=torch.int64)
+
+
+@torch.library.register_fake("torch_flash_backend::dropout_bwd")
+def _dropout_bwd_fake(grad_out, q, k, v, out, lse, rng_state, dropout_p, scale=None, is_causal=False, family=None,
+                      attn_mask=None, bottom_right=False, window_left=-1, window_right=-1):
+    check_dropout(dropout_p)
+    return _bwd_fake(grad_out, q, k, v, out, lse, scale, is_causal, family, attn_mask, bottom_right, window_left,
+                     window_right)
+
+
+@torch.library.register_fake("torch_flash_backend::dropout_mask")
+def _dropout_mask_fake(rng_state, dropout_p, batch, heads, len_q, len_k):
+    check_dropout(dropout_p)
+    return rng_state.new_empty((batch, heads, len_q, len_k), dtype=torch.bool)
 
 
 @torch.library.register_fake("torch_flash_backend::varlen_fwd")

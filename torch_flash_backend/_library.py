@@ -66,7 +66,8 @@ class Kernel(str):
     no limit), masks (this pass reads a boolean attn_mask), additive_masks (and an
     additive one), windows (a band's left edge, window_left), seqlens (per-sequence
     lengths: packed variable-length batches and seqused_k), pads (serves smaller
-    head dims, and a value head dim unlike the query's: serving_kernel),
+    head dims, and a value head dim unlike the query's: serving_kernel), dropout
+    (draws dropout on P: the dropout ops),
     smem_bytes, tile_rows and tile_keys (the tile whose mask bytes the kernel
     skips together; 0 where it reads no mask)."""
 
@@ -84,6 +85,7 @@ class Kernel(str):
     windows: bool
     seqlens: bool
     pads: bool
+    dropout: bool
     smem_bytes: int
     tile_rows: int
     tile_keys: int
@@ -104,6 +106,7 @@ class Kernel(str):
         kernel.windows = kernel.pass_ in values.get("windows", "").split(",")
         kernel.seqlens = kernel.pass_ in values.get("seqlens", "").split(",")
         kernel.pads = kernel.pass_ in values.get("pads", "").split(",")
+        kernel.dropout = kernel.pass_ in values.get("dropout", "").split(",")
         return kernel
 
     def reads_mask(self, mask_kind: str) -> bool:

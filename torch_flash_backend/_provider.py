@@ -196,8 +196,10 @@ def _serves(q, k, v, dropout_p, is_causal, scale, backward: bool, window=(-1, -1
     if q.dim() != 4 or k.dim() != 4:
         decision = _router.Decision(False, None, "inputs are not 4-D")
     else:
-        decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True, needs_grad=backward,
-                                  bottom_right=True, window=window)
+        # A forward with dropout is served only where its backward is too: the
+        # mask it draws is ours alone to regenerate.
+        decision = _router.decide(q, k, v, None, dropout_p, is_causal, scale, True,
+                                  needs_grad=backward or dropout_p != 0.0, bottom_right=True, window=window)
     _count(decision, backward)
     if not decision.served:
         return None
@@ -224,17 +226,56 @@ def _packed_lse_ok(lse: torch.Tensor, q: torch.Tensor) -> bool:
 
 
 def _rng_placeholders(query: torch.Tensor):
-    # Dropout is 0 on every call we serve, so the RNG state is never read; the
-    # shapes and dtypes are those of PyTorch's meta functions.
+    # A call without dropout reads no RNG state; the shapes and dtypes are
+    # those of PyTorch's meta functions.
     seed = torch.zeros((2,), dtype=torch.uint64, device=query.device)
     offset = torch.zeros((), dtype=torch.uint64, device=query.device)
     return seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family, window=(-1, -1)):
-    dq, dk, dv = _ops.bwd(kernel_friendly(grad_out, reads_stride0(family)), q, k, v, kernel_friendly(out), lse, scale,
-                          is_causal, family, bottom_right=True, window_left=window[0], window_right=window[1])
+def _forward(q, k, v, dropout_p, scale, is_causal, family, return_debug_mask, window=(-1, -1)):
+    """(out, lse, seed, offset, debug mask) as PyTorch's flash forward gives them,
+    q, k, v in (B, H, L, E). With dropout, `seed` is the op's rng_state (seed,
+    offset) as PyTorch's kernel packs it, and lse is remembered: the backward
+    regenerates our mask only for a forward of ours (served_forward_of)."""
+    if dropout_p == 0.0:
+        out, lse = _ops.fwd(q, k, v, scale, is_causal, family, bottom_right=True, window_left=window[0],
+                            window_right=window[1])
+        return (out, lse, *_rng_placeholders(q))
+    out, lse, rng_state = _ops.dropout_fwd(q, k, v, float(dropout_p), scale, is_causal, family, None,
+                                           bottom_right=True, window_left=window[0], window_right=window[1])
+    _remember_served(lse)
+    _, offset, debug = _rng_placeholders(q)
+    if return_debug_mask:
+        # PyTorch's encoding: a pair's entry is negative where dropout dropped it.
+        kept = _ops.dropout_mask(rng_state, float(dropout_p), q.size(0), q.size(1), q.size(2), k.size(2))
+        debug = torch.where(kept, 1.0, -1.0).to(q.dtype)
+    return out, lse, rng_state.view(torch.uint64), offset, debug
+
+
+def _backward(grad_out, q, k, v, out, lse, scale, is_causal, family, window=(-1, -1), dropout_p=0.0, rng_state=None):
+    extra = dict(bottom_right=True, window_left=window[0], window_right=window[1])
+    grad_out = kernel_friendly(grad_out, reads_stride0(family))
+    if dropout_p == 0.0:
+        dq, dk, dv = _ops.bwd(grad_out, q, k, v, kernel_friendly(out), lse, scale, is_causal, family, **extra)
+    else:
+        dq, dk, dv = _ops.dropout_bwd(grad_out, q, k, v, kernel_friendly(out), lse, rng_state.view(torch.int64),
+                                      float(dropout_p), scale, is_causal, family, **extra)
     return _like(dq, q), _like(dk, k), _like(dv, v)
+
+
+def _dropout_backward_ok(dropout_p, lse) -> bool:
+    """A backward with dropout regenerates the forward's mask: ours only after a
+    forward of ours (PyTorch's kernel draws its own)."""
+    return dropout_p == 0.0 or served_forward_of(lse)
+
+
+def _check_dropout_passed_on(dropout_p, lse) -> None:
+    """PyTorch's backward cannot regenerate our forward's dropout mask."""
+    if dropout_p != 0.0 and served_forward_of(lse):
+        raise RuntimeError("torch_flash_backend: this flash attention backward with dropout follows a forward our "
+                           "kernels served, and none of ours serves it now (TFB_KERNEL_FAMILIES or the provider "
+                           "changed in between?); PyTorch's kernel would draw another mask")
 
 
 def _make_kernels(original):
@@ -248,14 +289,13 @@ def _make_kernels(original):
                                               window_size_right, seqused_k, alibi_slopes)
             if outputs is not None:
                 return outputs
-        elif not _unsupported(False, return_debug_mask, seqused_k, alibi_slopes):
+        elif not _unsupported(False, return_debug_mask and dropout_p == 0.0, seqused_k, alibi_slopes):
             q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # ours take (B, H, L, E)
             window = _window(window_size_left, window_size_right)
             family = _serves(q, k, v, dropout_p, is_causal, scale, backward=False, window=window)
             if family is not None:
-                out, lse = _ops.fwd(q, k, v, scale, is_causal, family, bottom_right=True, window_left=window[0],
-                                    window_right=window[1])
-                return _like(out.transpose(1, 2), query), lse, *_rng_placeholders(query)
+                out, lse, *rest = _forward(q, k, v, dropout_p, scale, is_causal, family, return_debug_mask, window)
+                return _like(out.transpose(1, 2), query), lse, *rest
         return original["_flash_attention_forward"].call_boxed(
             keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
             return_debug_mask, scale=scale, window_size_left=window_size_left,
@@ -273,10 +313,12 @@ def _make_kernels(original):
         else:
             q, k, v, go, o = (t.transpose(1, 2) for t in (query, key, value, grad_out, out))
             family = (_serves(q, k, v, dropout_p, is_causal, scale, backward=True, window=window)
-                      if _lse_ok(logsumexp, q) else None)
+                      if _lse_ok(logsumexp, q) and _dropout_backward_ok(dropout_p, logsumexp) else None)
             if family is not None:
-                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal, family, window)
+                dq, dk, dv = _backward(go, q, k, v, o, logsumexp, scale, is_causal, family, window, dropout_p,
+                                       rng_state)
                 return _like(dq.transpose(1, 2), query), _like(dk.transpose(1, 2), key), _like(dv.transpose(1, 2), value)
+        _check_dropout_passed_on(dropout_p, logsumexp)
         return original["_flash_attention_backward"].call_boxed(
             keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
             is_causal, rng_state, unused, scale=scale, window_size_left=window_size_left,
@@ -284,11 +326,11 @@ def _make_kernels(original):
 
     def sdpa_flash(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                    scale=None):
-        family = (None if _unsupported(False, return_debug_mask=return_debug_mask)
+        family = (None if _unsupported(False, return_debug_mask=return_debug_mask and dropout_p == 0.0)
                   else _serves(query, key, value, dropout_p, is_causal, scale, backward=False))
         if family is not None:
-            out, lse = _ops.fwd(query, key, value, scale, is_causal, family, bottom_right=True)
-            seed, offset, debug_mask = _rng_placeholders(query)
+            out, lse, seed, offset, debug_mask = _forward(query, key, value, dropout_p, scale, is_causal, family,
+                                                          return_debug_mask)
             return _like(out, query), lse, None, None, query.size(2), key.size(2), seed, offset, debug_mask
         return original["_scaled_dot_product_flash_attention"].call_boxed(
             keyset, query, key, value, dropout_p, is_causal, return_debug_mask, scale=scale)
@@ -296,10 +338,12 @@ def _make_kernels(original):
     def sdpa_flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
                             max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
         packed = cum_seq_q is not None or cum_seq_k is not None  # never from PyTorch's SDPA; passed on
-        family = (None if packed or not _lse_ok(logsumexp, query)
+        family = (None if packed or not _lse_ok(logsumexp, query) or not _dropout_backward_ok(dropout_p, logsumexp)
                   else _serves(query, key, value, dropout_p, is_causal, scale, backward=True))
         if family is not None:
-            return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal, family)
+            return _backward(grad_out, query, key, value, out, logsumexp, scale, is_causal, family,
+                             dropout_p=dropout_p, rng_state=philox_seed)
+        _check_dropout_passed_on(dropout_p, logsumexp)
         return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
             keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
             is_causal, philox_seed, philox_offset, scale=scale)

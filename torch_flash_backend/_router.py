@@ -338,8 +338,17 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         why = _mask_problem(attn_mask, q, k, is_causal, scale)
         if why is not None:
             return _fallback(why)
-    if dropout_p != 0.0:
-        return _fallback(f"dropout_p={dropout_p} is not supported (only 0.0)")
+    dropout = dropout_p != 0.0
+    if dropout and not 0.0 < dropout_p < 1.0:
+        return _fallback(f"dropout_p={dropout_p} is outside (0, 1)")
+    if dropout and on_cpu:
+        return _fallback(f"dropout_p={dropout_p} on CPU: the CPU ops draw no dropout")
+    if dropout and (masked or window != (-1, -1)):
+        what = "attn_mask" if masked else "a window"
+        return _fallback(f"dropout_p={dropout_p} with {what}: the kernels draw dropout beside is_causal alone")
+    if dropout and packed is not None:
+        return _fallback(f"dropout_p={dropout_p} with a packed variable-length batch: the packed ops draw no "
+                         "dropout")
     dtype = q.dtype
     if k.dtype != dtype or v.dtype != dtype:
         return _fallback(f"dtypes differ: q {dtype}, k {k.dtype}, v {v.dtype}")
@@ -370,6 +379,8 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         causal += f", window {window}{aligned}"
     if packed is not None:
         causal += f", packed batch of {packed[0]} sequences"
+    if dropout:
+        causal += f", dropout {dropout_p:g}"
     detail = f"{dtype_name}, {_head_dims(e, ev)}" + causal + (
         f", GQA {hq}:{hkv}" if hq != hkv else "") + (_mask_detail(attn_mask) if masked else "")
     if on_cpu:
@@ -380,7 +391,7 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, routing=not pinned,
                                      mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask),
-                                     packed=packed is not None, ev=ev)
+                                     packed=packed is not None, ev=ev, dropout=dropout)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -431,7 +442,7 @@ def _broadcast(q, k, v) -> bool:
 
 
 def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False, bottom_right=False,
-                    *, needs_grad: bool | None = None) -> tuple[str | None, str | None]:
+                    *, needs_grad: bool | None = None, dropout_p: float = 0.0) -> tuple[str | None, str | None]:
     """The (forward, backward) families flash_attn names to the ops: the
     router's choice among every (allowed) family that can run the call
     (decide(pinned=True)), raising with the reason when none serves; (None,
@@ -439,7 +450,7 @@ def pinned_families(q, k, v, attn_mask=None, is_causal=False, scale=None, enable
     (no batch, head, query or key), which the ops answer without a kernel."""
     if q.device.type != "cuda" or _checks.empty_call(q, k):
         return None, None
-    decision = decide(q, k, v, attn_mask, 0.0, is_causal, scale, enable_gqa, needs_grad=needs_grad,
+    decision = decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad=needs_grad,
                       bottom_right=bottom_right, pinned=True)
     if not decision.served:
         raise RuntimeError(f"torch_flash_backend: {decision.reason}")
@@ -452,7 +463,8 @@ def _head_dims(e: int, ev: int) -> str:
 
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool, length: int, group: int, routing: bool = True,
-                      mask_kind: str = "", packed: bool = False, ev: int | None = None) -> Decision:
+                      mask_kind: str = "", packed: bool = False, ev: int | None = None,
+                      dropout: bool = False) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -467,7 +479,8 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
     fully used cache's mask faster; benchmarks/history/2026-11-v9-v27.md, v16).
     packed: a packed variable-length batch, which only the passes whose
-    records read per-sequence lengths serve (Kernel.seqlens)."""
+    records read per-sequence lengths serve (Kernel.seqlens); dropout: only
+    the passes whose records draw it (Kernel.dropout)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -480,13 +493,13 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     smem = probe.smem_per_block(device) if needs_grad else 0
     return _choose(capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e,
                    needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind,
-                   packed, ev)
+                   packed, ev, dropout)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,
             detail: str, broadcast: bool, length: int, group: int, routing: bool,
             route_single: bool = True, mask_kind: str = "", packed: bool = False,
-            ev: int | None = None) -> Decision:
+            ev: int | None = None, dropout: bool = False) -> Decision:
     """e: q's and k's head dim; ev: v's (None: e)."""
     ev = e if ev is None else ev
     what = _head_dims(e, ev)
@@ -501,10 +514,17 @@ def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: s
         """The pass's kernels that run head dim e, in the registry's order, those
         built for e first: a head dim below a kernel's runs on it (its columns
         padded on chip) only where no family has one of its own."""
-        found = [k for k in (serving_kernel(kernels, f, pass_, dtype_name, e, ev) for f in families) if k is not None]
+        found = [k for k in (serving_kernel(kernels, f, pass_, dtype_name, e, ev) for f in families)
+                 if k is not None and (k.dropout or not dropout)]
         return sorted(found, key=lambda k: not k.head_dim == e == ev)
 
     fwd_kernels = serving("fwd")
+    if dropout and not fwd_kernels:
+        return _fallback(f"dropout_p > 0: no forward built for {dtype_name} {what} draws dropout{only}")
+    if dropout:
+        # Short queries too go to the families that draw dropout (not the
+        # decode family), as PyTorch's own SDPA would run them on its slow path.
+        routing = False
     if packed:
         tiled = [k for k in fwd_kernels if not k.max_rows]
         fwd_kernels = [k for k in fwd_kernels if k.seqlens]

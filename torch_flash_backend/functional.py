@@ -21,14 +21,20 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     additive (q's dtype or float32, added to the scaled scores), broadcasts
     to (B, Hq, L, S) and is read in place, the tiles it hides skipped; a
     ``CausalBias`` (``torch.nn.attention.bias.causal_lower_right`` /
-    ``causal_upper_left``) is causal masking of that alignment. No
-    routing: what the kernels do not support (``dropout_p > 0``, a mask
-    that requires grad) raises, naming the argument, instead of falling back. The kernels are the router's choice among every
-    family that can run the call (enable()'s speed rules aside), within the
-    families ``TFB_KERNEL_FAMILIES`` allows.
+    ``causal_upper_left``) is causal masking of that alignment.
+    ``dropout_p`` in (0, 1) drops each (query, key) pair of P with that
+    probability (CUDA; drawn from PyTorch's CUDA generator, so
+    ``torch.manual_seed`` reproduces a call and its gradients). No routing:
+    what the kernels do not support (dropout on CPU, a mask that requires
+    grad) raises, naming the argument, instead of falling back. The kernels
+    are the router's choice among every family that can run the call
+    (enable()'s speed rules aside), within the families
+    ``TFB_KERNEL_FAMILIES`` allows.
     """
-    if not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
-        raise NotImplementedError(f"flash_attn: dropout_p={dropout_p!r} is not supported (only 0.0)")
+    if type(dropout_p) not in (int, float) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"flash_attn: dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if dropout_p != 0.0 and q.device.type != "cuda":
+        raise NotImplementedError(f"flash_attn: dropout_p={dropout_p!r} on {q.device}: the CPU ops draw no dropout")
     if not isinstance(is_causal, bool):
         raise TypeError(f"flash_attn: is_causal must be a bool, got {type(is_causal).__name__}")
     if not isinstance(enable_gqa, bool):
@@ -44,9 +50,13 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
             raise NotImplementedError("flash_attn: attn_mask requires grad; the kernels give no gradient for a mask")
         if is_causal:
             raise ValueError("flash_attn: pass attn_mask or is_causal=True, not both (as scaled_dot_product_attention)")
-    family, backward_family = _router.pinned_families(q, k, v, attn_mask, is_causal, scale, enable_gqa, bottom_right)
+    family, backward_family = _router.pinned_families(q, k, v, attn_mask, is_causal, scale, enable_gqa, bottom_right,
+                                                      dropout_p=float(dropout_p))
     extra = {} if attn_mask is None else {"attn_mask": attn_mask}
     if bottom_right:
         extra["bottom_right"] = True
+    if dropout_p != 0.0:
+        return _ops.dropout_fwd(q, k, v, float(dropout_p), None if scale is None else float(scale), is_causal,
+                                family, backward_family, **extra)[0]
     return _ops.fwd(q, k, v, None if scale is None else float(scale), is_causal, family, backward_family,
                     **extra)[0]

@@ -1,11 +1,15 @@
 // CUDA impls of the ops: check the arguments, fill the params struct
 // (fill_params.h), launch the kernel of the op's `family` argument
 // (families.h checks it can) on the current stream.
+#include <algorithm>
 #include <climits>
+#include <cmath>
+#include <mutex>
 #include <initializer_list>
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -13,6 +17,7 @@
 
 #include "api.h"
 #include "checks.h"
+#include "common/dropout_mask.h"
 #include "common/packed_rows.h"
 #include "device.h"
 #include "families.h"
@@ -68,12 +73,57 @@ void launch(const PassKernels<Params>& chosen, Params& p, DType dtype, const at:
               " launch failed: ", cudaGetErrorString(err));
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                            std::optional<double> scale, bool is_causal,
-                                            std::optional<c10::string_view> family,
-                                            std::optional<c10::string_view> /*backward_family: autograd's*/,
-                                            const std::optional<at::Tensor>& attn_mask, bool bottom_right,
-                                            int64_t window_left, int64_t window_right) {
+// Dropout's threshold and factor for p (params.h DropoutArgs).
+DropoutArgs dropout_of(double dropout_p) {
+  TORCH_CHECK(dropout_p > 0.0 && dropout_p < 1.0, "dropout_p must be in (0, 1), got ", dropout_p);
+  DropoutArgs a;
+  a.threshold = uint32_t(std::min(65535.0, std::max(1.0, std::nearbyint(dropout_p * 65536.0))));
+  a.keep_scale = float(1.0 / (1.0 - dropout_p));
+  return a;
+}
+
+// A forward's draws: 4 * batch * heads_q of PyTorch's CUDA generator's offsets
+// (common/dropout.h), as values or, while a CUDA graph is captured, as the
+// pointers its replays fill; the kernel records the pair in rng_state.
+DropoutArgs forward_dropout(double dropout_p, const AttnShape& s, const at::Tensor& rng_state) {
+  DropoutArgs a = dropout_of(dropout_p);
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(std::nullopt,
+                                                                  at::cuda::detail::getDefaultCUDAGenerator());
+  at::PhiloxCudaState philox;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    philox = gen->philox_cuda_state(uint64_t(4) * uint64_t(s.batch) * uint64_t(s.heads_q));
+  }
+  if (philox.captured_) {
+    a.seed_ptr = philox.seed_.ptr;
+    a.offset_ptr = philox.offset_.ptr;
+    a.offset_extra = philox.offset_intragraph_;
+  } else {
+    a.seed = philox.seed_.val;
+    a.offset = philox.offset_.val;
+  }
+  a.rng_state = rng_state.data_ptr<int64_t>();
+  return a;
+}
+
+// The backward's: the pair its forward recorded.
+DropoutArgs recorded_dropout(double dropout_p, const at::Tensor& rng_state, const at::Tensor& q) {
+  TORCH_CHECK(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 && rng_state.is_contiguous() &&
+                  rng_state.device() == q.device(),
+              "rng_state must be the forward's: 2 int64 values on ", q.device(), ", got ", rng_state.scalar_type(),
+              " of shape ", rng_state.sizes(), " on ", rng_state.device());
+  DropoutArgs a = dropout_of(dropout_p);
+  a.seed_ptr = rng_state.data_ptr<int64_t>();
+  a.offset_ptr = a.seed_ptr + 1;
+  return a;
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                           std::optional<double> scale, bool is_causal,
+                                           std::optional<c10::string_view> family,
+                                           const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                           int64_t window_left, int64_t window_right, double dropout_p,
+                                           const at::Tensor& rng_state) {
   const AttnShape s = check_qkv(q, k, v);
   const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
   const MaskArgs band = mask_args(mask.defined(), is_causal, bottom_right, window_left, window_right);
@@ -89,20 +139,44 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   AttnFwdParams p{};
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
   fill_mask(p, mask, band);
+  if (dropout_p != 0.0) p.dropout = forward_dropout(dropout_p, s, rng_state);
   const FwdKernels& chosen = forward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_out, const at::Tensor& q,
-                                                        const at::Tensor& k, const at::Tensor& v,
-                                                        const at::Tensor& out, const at::Tensor& lse,
-                                                        std::optional<double> scale, bool is_causal,
-                                                        std::optional<c10::string_view> family,
-                                                        const std::optional<at::Tensor>& attn_mask,
-                                                        bool bottom_right, int64_t window_left,
-                                                        int64_t window_right) {
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                            std::optional<double> scale, bool is_causal,
+                                            std::optional<c10::string_view> family,
+                                            std::optional<c10::string_view> /*backward_family: autograd's*/,
+                                            const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                            int64_t window_left, int64_t window_right) {
+  return fwd_run(q, k, v, scale, is_causal, family, attn_mask, bottom_right, window_left, window_right, 0.0, {});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dropout_fwd_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p, std::optional<double> scale,
+    bool is_causal, std::optional<c10::string_view> family,
+    std::optional<c10::string_view> /*backward_family: autograd's*/, const std::optional<at::Tensor>& attn_mask,
+    bool bottom_right, int64_t window_left, int64_t window_right) {
+  dropout_of(dropout_p);  // checks p before anything runs
+  // Zeros until the kernel records its pair (an empty problem launches none).
+  const at::Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+  auto [out, lse] = fwd_run(q, k, v, scale, is_causal, family, attn_mask, bottom_right, window_left, window_right,
+                            dropout_p, rng_state);
+  return {out, lse, rng_state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_run(const at::Tensor& grad_out, const at::Tensor& q,
+                                                       const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& out, const at::Tensor& lse,
+                                                       std::optional<double> scale, bool is_causal,
+                                                       std::optional<c10::string_view> family,
+                                                       const std::optional<at::Tensor>& attn_mask, bool bottom_right,
+                                                       int64_t window_left, int64_t window_right, double dropout_p,
+                                                       const at::Tensor& rng_state) {
   const AttnShape s = check_qkv(q, k, v);
+  const DropoutArgs dropout = dropout_p != 0.0 ? recorded_dropout(dropout_p, rng_state, q) : DropoutArgs{};
   check_bwd_extra(grad_out, out, lse, q, s);
   const at::Tensor mask = check_mask(attn_mask, q, s, softmax_scale(scale, s.head_dim));
   const MaskArgs band = mask_args(mask.defined(), is_causal, bottom_right, window_left, window_right);
@@ -121,9 +195,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_o
   fill_fwd(p, q, k, v, out, lse, s, softmax_scale(scale, s.head_dim), info.num_sms);
   fill_mask(p, mask, band);
   fill_bwd(p, grad_out, dq, dk, dv);
+  p.dropout = dropout;
   const BwdKernels& chosen = backward_kernels(family, info, dtype, p);
   launch(chosen, p, dtype, q);
   return {dq, dk, dv};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd_cuda(const at::Tensor& grad_out, const at::Tensor& q,
+                                                        const at::Tensor& k, const at::Tensor& v,
+                                                        const at::Tensor& out, const at::Tensor& lse,
+                                                        std::optional<double> scale, bool is_causal,
+                                                        std::optional<c10::string_view> family,
+                                                        const std::optional<at::Tensor>& attn_mask,
+                                                        bool bottom_right, int64_t window_left,
+                                                        int64_t window_right) {
+  return bwd_run(grad_out, q, k, v, out, lse, scale, is_causal, family, attn_mask, bottom_right, window_left,
+                 window_right, 0.0, {});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dropout_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& rng_state, double dropout_p, std::optional<double> scale,
+    bool is_causal, std::optional<c10::string_view> family, const std::optional<at::Tensor>& attn_mask,
+    bool bottom_right, int64_t window_left, int64_t window_right) {
+  return bwd_run(grad_out, q, k, v, out, lse, scale, is_causal, family, attn_mask, bottom_right, window_left,
+                 window_right, dropout_p, rng_state);
+}
+
+// The pairs a dropout_fwd call kept (common/dropout_mask.h), as a bool tensor.
+at::Tensor dropout_mask_cuda(const at::Tensor& rng_state, double dropout_p, int64_t batch, int64_t heads,
+                             int64_t len_q, int64_t len_k) {
+  TORCH_CHECK(rng_state.is_cuda(), "rng_state must be a CUDA tensor");
+  TORCH_CHECK(batch >= 0 && heads >= 0 && len_q >= 0 && len_k >= 0 && batch <= INT_MAX && heads <= INT_MAX &&
+                  len_q <= INT_MAX && len_k <= INT_MAX,
+              "batch, heads, len_q and len_k must be in [0, 2^31), got ", batch, ", ", heads, ", ", len_q, ", ",
+              len_k);
+  c10::cuda::CUDAGuard guard(rng_state.device());
+  const DropoutArgs a = recorded_dropout(dropout_p, rng_state, rng_state);
+  at::Tensor kept = at::empty({batch, heads, len_q, len_k}, rng_state.options().dtype(at::kBool));
+  const cudaError_t err = dropout_keep_mask(a, reinterpret_cast<uint8_t*>(kept.data_ptr<bool>()), int(batch),
+                                            int(heads), int(len_q), int(len_k),
+                                            c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "torch_flash_backend dropout_mask launch failed: ", cudaGetErrorString(err));
+  return kept;
 }
 
 // A packed batch: the dense path's params over (1, H, total, E) views of the
@@ -330,6 +444,9 @@ std::tuple<at::Tensor, at::Tensor> fp8_varlen_fwd_cuda(
 TORCH_LIBRARY_IMPL(torch_flash_backend, CUDA, m) {
   m.impl("fwd", &tfb::fwd_cuda);
   m.impl("bwd", &tfb::bwd_cuda);
+  m.impl("dropout_fwd", &tfb::dropout_fwd_cuda);
+  m.impl("dropout_bwd", &tfb::dropout_bwd_cuda);
+  m.impl("dropout_mask", &tfb::dropout_mask_cuda);
   m.impl("varlen_fwd", &tfb::varlen_fwd_cuda);
   m.impl("varlen_bwd", &tfb::varlen_bwd_cuda);
   m.impl("fp8_fwd", &tfb::fp8_fwd_cuda);

@@ -29,15 +29,16 @@ struct Limits {
   const char* windows;         // those that read a band's left edge
   const char* seqlens;         // those that read per-sequence lengths
   const char* pads;            // those that serve smaller head dims (serving_head_dim)
+  const char* dropout;         // those that draw dropout
 };
 constexpr Limits kLimits[] = {
 #define TFB_LIMITS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, windows, \
-                   seqlens, pads, passes, head_dims)                                                    \
+                   seqlens, pads, dropout, passes, head_dims)                                           \
   {#family, min_cc, max_cc, align_bytes,                                                                 \
    "min_cc=" #min_cc " max_cc=" #max_cc " stride0_ok=" #stride0_ok " align_bytes=" #align_bytes          \
    " max_rows=" #max_rows " masks=" masks " additive_masks=" additive_masks " windows=" windows          \
-   " seqlens=" seqlens " pads=" pads,                                                                    \
-   masks, additive_masks, windows, seqlens, pads},
+   " seqlens=" seqlens " pads=" pads " dropout=" dropout,                                                \
+   masks, additive_masks, windows, seqlens, pads, dropout},
     TFB_KERNEL_FAMILIES(TFB_LIMITS)
 #undef TFB_LIMITS
 };
@@ -73,7 +74,8 @@ const Table& table() {
                   auto run, size_t (*smem_bytes)(DType, int), TileShape (*tile)(DType, int)) {
       const Limits& l = limits_of(family);
       list.push_back({family, pass, l.min_cc, l.max_cc, lists(l.masks, pass), lists(l.additive_masks, pass),
-                      lists(l.windows, pass), lists(l.seqlens, pass), lists(l.pads, pass), has, can_run,
+                      lists(l.windows, pass), lists(l.seqlens, pass), lists(l.pads, pass), lists(l.dropout, pass), has,
+                      can_run,
                       workspace_bytes, run, smem_bytes, tile});
     };
 #define TFB_ADD_PASS(family, pass)                                                                    \
@@ -145,6 +147,13 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
                 " kernel that reads a window's left edge (window_left)");
     TORCH_CHECK(!per_batch_lengths || k.seqlens, "family='", *family, "' has no ", pass,
                 " kernel that reads per-sequence lengths (a packed variable-length batch or seqused_k)");
+    TORCH_CHECK(!p.dropout.on() || k.dropout, "family='", *family, "' has no ", pass,
+                " kernel that draws dropout (dropout_p > 0)");
+    TORCH_CHECK(!p.dropout.on() || !masked, "dropout_p > 0 with attn_mask: no ", pass,
+                " kernel draws dropout beside a mask in memory (beside is_causal it does)");
+    const bool window_edges = p.mask.mode == MaskMode::kBand && (p.mask.window_left >= 0 || p.mask.window_right > 0);
+    TORCH_CHECK(!p.dropout.on() || !window_edges, "dropout_p > 0 with a window (window_left / window_right): no ", pass,
+                " kernel draws dropout beside a window (beside is_causal it does)");
     TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot run these inputs (a stride of 0 from expand(), ",
                 "a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
                 " bytes, or, for a decode family, a query longer than it serves)");

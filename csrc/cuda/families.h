@@ -29,6 +29,7 @@ struct PassKernels {
   bool windows;         // the registry's: this pass reads a band's left edge (window_left)
   bool seqlens;         // the registry's: this pass reads per-sequence lengths (params.seqlens)
   bool pads;            // the registry's: this pass serves smaller head dims (serving_head_dim)
+  bool dropout;         // the registry's: this pass draws dropout (params.dropout)
   bool (*has)(DType, int);
   bool (*can_run)(const Params&);
   size_t (*workspace_bytes)(const Params&);

@@ -118,9 +118,11 @@ struct OnlineSoftmax {
     return !kExact && large;
   }
 
-  // Normalises acc_o (and scales it by out_scale: FP8's v descale) and returns, per row, the natural-log logsumexp of the
+  // Normalises acc_o (and scales it by out_scale: FP8's v descale, dropout's
+  // 1 / (1 - p)) and returns, per row, the natural-log logsumexp of the
   // scaled scores: max * scale + ln(sum). A row whose sum is 0 (no visible key,
-  // or every score -inf) or NaN keeps acc_o as it is and gets lse +inf, as
+  // or every score -inf) keeps acc_o as it is, and one whose sum is NaN becomes
+  // NaN (even where dropout kept none of its NaN pairs); both get lse +inf, as
   // PyTorch's flash kernels do: the backward's P = exp(s - lse) is then 0 for
   // its finite scores, and NaN stays where the forward had it.
   template <class RowColO>
@@ -130,7 +132,7 @@ struct OnlineSoftmax {
     for (int r = 0; r < kRows; ++r) {
       const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
       const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? out_scale : out_scale / sum;
+      const float inv = sum == 0.f ? out_scale : out_scale / sum;
       lse(r) = empty ? INFINITY : row_max(r) * scale + (__logf(sum) - float(kLog2PScale) * kLn2Float);
 #pragma unroll
       for (int c = 0; c < cute::size<1>(o); ++c) o(r, c) *= inv;

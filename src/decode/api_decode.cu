@@ -33,7 +33,7 @@ cudaError_t run_fwd(const AttnFwdParams& params, DType dtype, cudaStream_t strea
 
 // The row cap the router reads (src/registry.py's max_rows) is the kernel's.
 #define TFB_CHECK_MAX_ROWS(family, min_cc, max_cc, stride0_ok, align_bytes, max_rows, masks, additive_masks, \
-                           windows, seqlens, pads, passes, head_dims)                                           \
+                           windows, seqlens, pads, dropout, passes, head_dims)                                  \
   static_assert(std::string_view(#family) != "decode" || max_rows == kMaxRows,                           \
                 "src/registry.py's max_rows for decode must equal decode/config.h's kMaxRows");
 TFB_KERNEL_FAMILIES(TFB_CHECK_MAX_ROWS)

@@ -13,9 +13,10 @@
 
 namespace tfb::sm80::bwd {
 
-// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
-template <class Traits, class Policy>
-__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+// One CTA's work; kDropout: with dropout's draws (bwd_dkdv_dropout_kernel; the
+// plain kernel keeps the code it had before, sm90/kernel_fwd.h fwd_cta's reason).
+template <class Traits, class Policy, bool kDropout>
+CUTE_DEVICE void bwd_dkdv_cta(const AttnBwdParams& p, const BwdWorkspace& ws) {
   using Element = typename Traits::Element;
   extern __shared__ __align__(128) char smem_raw[];
   Element* smem = reinterpret_cast<Element*>(smem_raw);
@@ -37,10 +38,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const Att
     const BwdBlock blk(p, ws, mask, n_block, head_kv, batch);
     clear(acc_dk);
     clear(acc_dv);
-    BwdMainloop<Traits, Policy>{smem, tid}.run(p, ws, dq_accum, blk, acc_dk, acc_dv);
+    BwdMainloop<Traits, Policy>{smem, tid}.template run<kDropout>(p, ws, dq_accum, blk, acc_dk, acc_dv);
     BwdEpilogue<Traits>{smem, tid}.store(p, blk, acc_dk, acc_dv);
     __syncthreads();  // the epilogue's reads of shared memory end before the next block's loads
   }
+}
+
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy).
+template <class Traits, class Policy>
+__global__ void __launch_bounds__(Traits::kThreads, 1) bwd_dkdv_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  bwd_dkdv_cta<Traits, Policy, false>(p, ws);
+}
+
+// The same with dropout (params.h DropoutArgs); a Band alone.
+template <class Traits, class Policy>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_dkdv_dropout_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
+  static_assert(!mask::kReadsMemory<Policy>);
+  bwd_dkdv_cta<Traits, Policy, true>(p, ws);
 }
 
 }  // namespace tfb::sm80::bwd

@@ -43,7 +43,12 @@ struct BwdTraits {
   template <int kWarpsM>
   using TiledMmaOf = TiledMMA<MMA_Atom<MmaOp>, Layout<Shape<Int<kWarpsM>, Int<kWarps / kWarpsM>, _1>>,
                               Tile<Int<16 * kWarpsM>, Int<16 * (kWarps / kWarpsM)>, _16>>;
-  using TiledMmaSdP = TiledMmaOf<kWarpsMSdP>;
+  // S and dP: a warp's two atoms along N are neighbours (columns 16 w to
+  // 16 w + 15), as dropout's cells want them (common/dropout.h).
+  static constexpr int kWarpsNSdP = kWarps / kWarpsMSdP;
+  using TiledMmaSdP = TiledMMA<MMA_Atom<MmaOp>, Layout<Shape<Int<kWarpsMSdP>, Int<kWarpsNSdP>, _1>>,
+                               Tile<Int<16 * kWarpsMSdP>, Layout<Shape<_8, Int<kWarpsNSdP>, _2>, Stride<_1, _16, _8>>,
+                                    _16>>;
   using TiledMmadKV = TiledMmaOf<kWarpsNdKV>;
   using TiledMmadQ = TiledMmaOf<kWarpsMdQ>;
   static_assert(kBlockM % (16 * kWarpsMSdP) == 0 && kBlockN % (16 * (kWarps / kWarpsMSdP)) == 0);

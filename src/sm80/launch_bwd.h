@@ -20,6 +20,9 @@ namespace bwd {
 template <class Traits, class Policy>
 cudaError_t launch_main_with(const AttnBwdParams& params, const BwdWorkspace& ws, cudaStream_t stream) {
   auto kernel = bwd_dkdv_kernel<Traits, Policy>;
+  if constexpr (!mask::kReadsMemory<Policy>) {
+    if (params.dropout.on()) kernel = bwd_dkdv_dropout_kernel<Traits, Policy>;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
   const unsigned n_blocks = (params.len_k + Traits::kBlockN - 1) / Traits::kBlockN;

@@ -17,6 +17,9 @@ namespace sm80 {
 template <class Traits, class Policy>
 cudaError_t launch_kernel(const AttnFwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits, Policy>;
+  if constexpr (!mask::kReadsMemory<Policy>) {
+    if (params.dropout.on()) kernel = &fwd_dropout_kernel<Traits, Policy>;
+  }
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

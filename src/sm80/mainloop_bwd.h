@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "params.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "common/mask_apply.h"
 #include "common/mask_summary.h"
@@ -129,10 +130,21 @@ struct BwdMainloop {
     load_rows_of(p.dout, blk.do_offset, p.do_head_stride, p.do_row_stride, p.v_dim, blk, step, do_buf(stage));
   }
 
-  // Float accumulator fragment -> dtype -> shared tile (for the transposed reads).
+  // Float accumulator fragment -> dtype -> shared tile (for the transposed
+  // reads); with `value`, value(x) of each.
   template <class Acc>
   CUTE_DEVICE void store_frag(Acc const& acc, Element* s) const {
-    Tensor r = convert_fragment<Element>(acc);
+    store_regs(convert_fragment<Element>(acc), s);
+  }
+  template <class Acc, class Value>
+  CUTE_DEVICE void store_frag(Acc const& acc, Element* s, Value value) const {
+    Tensor r = make_tensor<Element>(acc.layout());
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) r(i) = Element(value(acc(i)));
+    store_regs(r, s);
+  }
+  template <class Regs>
+  CUTE_DEVICE void store_regs(Regs const& r, Element* s) const {
     auto r2s = make_tiled_copy_C(typename Traits::StoreFrag{}, typename Traits::TiledMmaSdP{});
     auto thr = r2s.get_thread_slice(tid);
     Tensor src = thr.retile_S(r);
@@ -141,7 +153,7 @@ struct BwdMainloop {
   }
 
   // dq_accum: the split of the dQ accumulator this CTA adds into.
-  template <class AccdK, class AccdV>
+  template <bool kDropout, class AccdK, class AccdV>
   CUTE_DEVICE void run(const AttnBwdParams& p, const BwdWorkspace& ws, float* dq_accum, const BwdBlock& blk,
                        AccdK& acc_dk, AccdV& acc_dv) const {
     using LoadN = typename Traits::LoadN;
@@ -266,17 +278,41 @@ struct BwdMainloop {
       } else {
         exp_scores(cute::false_type{});
       }
-      store_frag(acc_s, smem + Traits::kOffP);
+      // Dropout: dV takes the kept P times 1 / (1 - p); dS wants P whole and
+      // which pairs were kept, so a dropped P keeps its value with its sign
+      // flipped until then.
+      if constexpr (kDropout) {
+        Dropout::of(p.dropout, blk.batch, cur.head_q, p.heads_q).for_each(coord, m0, n0, [&](int r, int c, bool kept) {
+          prob(r, c) = kept ? prob(r, c) : -prob(r, c);
+        });
+        store_frag(acc_s, smem + Traits::kOffP, [keep_scale = p.dropout.keep_scale](float x) {
+          return (__float_as_uint(x) >> 31) != 0u ? 0.f : x * keep_scale;
+        });
+      } else {
+        store_frag(acc_s, smem + Traits::kOffP);
+      }
 
-      // dS = P * (dP - D)
+      // dS = P * (dP - D); with dropout, P * (dP kept / (1 - p) - D)
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kM>, Int<kN>>{});
       clear(acc_dp);
       gemm_ss_tile<LoadN, LoadN>(acc_dp, mma_sdp, view(do_buf(sdo), typename Traits::SmemLayoutQ{}), sV, tid);
       Tensor ds = acc_rowcol(acc_dp);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      if constexpr (kDropout) {
+        const float keep_scale = p.dropout.keep_scale;
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) ds(r, c) = prob(r, c) * (ds(r, c) - dsum[r]);
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float x = prob(r, c);
+            ds(r, c) = fabsf(x) * (((__float_as_uint(x) >> 31) != 0u ? 0.f : ds(r, c) * keep_scale) - dsum[r]);
+          }
+        }
+      } else {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) ds(r, c) = prob(r, c) * (ds(r, c) - dsum[r]);
+        }
       }
       store_frag(acc_dp, smem + Traits::kOffdS);
       __syncthreads();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "params.h"
+#include "common/dropout.h"
 #include "common/mask_apply.h"
 #include "common/softmax.h"
 #include "sm80/kernel_traits_fwd.h"
@@ -35,7 +36,7 @@ struct FwdMainloop {
   // past its last read of Q's shared buffer (the epilogue reuses it). Returns
   // the softmax's flag: with kExact false, whether a row of this thread needs
   // the run redone with kExact.
-  template <bool kExact, class AccO, class Softmax>
+  template <bool kExact, bool kDropout, class AccO, class Softmax>
   CUTE_DEVICE static bool run(AttnFwdParams const& p, char* smem, Mask const& mask, int m_block, int head,
                               int batch, AccO& acc_o, Softmax& softmax) {
     const int tid = threadIdx.x;
@@ -160,6 +161,12 @@ struct FwdMainloop {
       }
       cp_async_fence();
       if constexpr (kStages == 1) inexact |= softmax.template update_rows<kExact>(s, o, scale_log2);
+      // Dropout after the row sums (which count every pair); O's 1 / (1 - p) comes at the end.
+      if constexpr (kDropout) {
+        Dropout::of(p.dropout, batch, head, p.heads_q)
+            .for_each(acc_rowcol(tScS), m0, n_block * kBlockN,
+                      [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) : 0.f; });
+      }
 
       Tensor p_frag = convert_fragment<Element>(acc_s);
       Tensor tOrP = make_tensor(p_frag.data(), acc_as_a_operand_layout(p_frag.layout()));

@@ -98,11 +98,10 @@ CUTE_DEVICE decltype(auto) masks_of(Params const& p, typename Params::Tile const
   }
 }
 
-// Policy: mask.h Band or FromMemory (a boolean attn_mask; mask_summary.h
-// with_policy); a packed batch: Band.
-template <class Traits, class Policy, bool kPacked>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy, kPacked> const p) {
+// One CTA's work; kDropout: with dropout's draws (bwd_dropout_kernel; the
+// plain kernel keeps the code it had before, kernel_fwd.h fwd_cta's reason).
+template <class Traits, class Policy, bool kPacked, bool kDropout>
+CUTE_DEVICE void bwd_cta(BwdKernelParams<Traits, Policy, kPacked> const& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = BwdMainloop<Traits, Policy>;
   using Pipeline = typename Traits::Pipeline;
@@ -177,36 +176,56 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int thread_idx = threadIdx.x - 128;
     const int wg_thread = thread_idx % 128;
     const int consumer = warpgroup - 1;
-    typename Traits::MmadKV mma_dkv;
-    typename cutlass::PipelineState<Traits::kStages> read;
-    int unit = 0;
-    for (int n_block = first_block; n_block < n_blocks; n_block += block_stride, ++unit) {
-      const BwdSteps steps(step_walk, n_block, head_kv, group);
-      Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
-      Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
-      clear(acc_dk);
-      clear(acc_dv);
-      if constexpr (Traits::kSplitDim) {
-        Mainloop::compute_split_dim(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, masks, n_block, tile,
-                                    unit, dq_split, thread_idx, acc_dk, acc_dv);
-      } else {
-        Mainloop::compute(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, masks, n_block, tile, unit,
-                          dq_split, thread_idx, acc_dk, acc_dv);
+    auto consume = [&] {
+      typename Traits::MmadKV mma_dkv;
+      typename cutlass::PipelineState<Traits::kStages> read;
+      int unit = 0;
+      for (int n_block = first_block; n_block < n_blocks; n_block += block_stride, ++unit) {
+        const BwdSteps steps(step_walk, n_block, head_kv, group);
+        Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
+        Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<_64, Int<Traits::kDkvCols>>{});
+        clear(acc_dk);
+        clear(acc_dv);
+        if constexpr (Traits::kSplitDim) {
+          Mainloop::template compute_split_dim<kDropout>(p.mainloop, shared, pipeline_q, pipeline_do, read, steps,
+                                                         masks, n_block, tile, unit, dq_split, thread_idx, acc_dk,
+                                                         acc_dv);
+        } else {
+          Mainloop::template compute<kDropout>(p.mainloop, shared, pipeline_q, pipeline_do, read, steps, masks,
+                                               n_block, tile, unit, dq_split, thread_idx, acc_dk, acc_dv);
+        }
+        // Every wgmma reading K and V has completed (compute's last wait).
+        if (wg_thread == 0) shared.kv_free.arrive();
+        const int n0 = n_block * Traits::kBlockN + Traits::key0(consumer);
+        const int col0 = Traits::dkv_col0(consumer);
+        Element* dk = p.dk + p.dk_offset(tile) + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
+        Element* dv = p.dv + p.dv_offset(tile) + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
+        const int keys = p.seqlen_k(tile) - n0;
+        BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, keys, p.qk_dim - col0, wg_thread);
+        BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, keys, p.v_dim - col0, wg_thread);
       }
-      // Every wgmma reading K and V has completed (compute's last wait).
-      if (wg_thread == 0) shared.kv_free.arrive();
-      const int n0 = n_block * Traits::kBlockN + Traits::key0(consumer);
-      const int col0 = Traits::dkv_col0(consumer);
-      Element* dk = p.dk + p.dk_offset(tile) + head_kv * p.dk_head_stride + n0 * p.dk_row_stride + col0;
-      Element* dv = p.dv + p.dv_offset(tile) + head_kv * p.dv_head_stride + n0 * p.dv_row_stride + col0;
-      const int keys = p.seqlen_k(tile) - n0;
-      BwdEpilogue<Traits>::store(acc_dk, p.scale, dk, p.dk_row_stride, keys, p.qk_dim - col0, wg_thread);
-      BwdEpilogue<Traits>::store(acc_dv, 1.f, dv, p.dv_row_stride, keys, p.v_dim - col0, wg_thread);
-    }
+    };
+    consume();
     // The last reduction reads the dQ buffer until it completes.
     if (thread_idx == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 #endif
+}
+
+// Policy: mask.h Band or FromMemory (a boolean attn_mask; mask_summary.h
+// with_policy); a packed batch: Band.
+template <class Traits, class Policy, bool kPacked>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy, kPacked> const p) {
+  bwd_cta<Traits, Policy, kPacked, false>(p);
+}
+
+// The same with dropout (params.h DropoutArgs): a Band, not packed.
+template <class Traits, class Policy, bool kPacked>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_dropout_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits, Policy, kPacked> const p) {
+  static_assert(!kPacked && !mask::kReadsMemory<Policy>);
+  bwd_cta<Traits, Policy, kPacked, true>(p);
 }
 
 }  // namespace sm90

@@ -82,11 +82,12 @@ struct FwdKernelParams {
   }
 };
 
-// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy);
-// a packed batch: Band.
-template <class Traits, class Policy, bool kPacked>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy, kPacked> const p) {
+// One CTA's work. kDropout: with dropout's draws (fwd_dropout_kernel), so
+// that the plain kernel's code is the one it had before dropout existed (a
+// copy of the loop beside it in one kernel, or a runtime branch in it, cost
+// 1-38%: benchmarks/history/2026-11-28-dropout.md).
+template <class Traits, class Policy, bool kPacked, bool kDropout>
+CUTE_DEVICE void fwd_cta(FwdKernelParams<Traits, Policy, kPacked> const& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = FwdMainloop<Traits, Policy>;
   using Epilogue = FwdEpilogue<Traits>;
@@ -150,32 +151,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (consumer == Traits::kConsumerWarpgroups - 1) named_barrier_arrive(int(Barrier::kWarpgroupTurn), 2 * 128);
     }
 
-    typename Traits::MmaPV mma_pv;
-    typename cutlass::PipelineState<Traits::kStages> read;
-    int local_tile_count = 0;
-    using Tile = typename decltype(p.scheduler)::Tile;
-    constexpr bool kDynamic = decltype(p.scheduler)::kDynamic;
-    for (int pos = p.scheduler.first();; ++local_tile_count) {
-      Tile tile;
-      if constexpr (kDynamic) {
-        const Unit<Tile> unit = shared.handoff.template take<Tile>(local_tile_count);
-        pos = unit.pos;
-        tile = unit.tile;
+    auto consume = [&] {
+      typename Traits::MmaPV mma_pv;
+      typename cutlass::PipelineState<Traits::kStages> read;
+      int local_tile_count = 0;
+      using Tile = typename decltype(p.scheduler)::Tile;
+      constexpr bool kDynamic = decltype(p.scheduler)::kDynamic;
+      for (int pos = p.scheduler.first();; ++local_tile_count) {
+        Tile tile;
+        if constexpr (kDynamic) {
+          const Unit<Tile> unit = shared.handoff.template take<Tile>(local_tile_count);
+          pos = unit.pos;
+          tile = unit.tile;
+        }
+        if (!p.scheduler.valid(pos)) break;
+        if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
+        Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
+        OnlineSoftmax<2, Traits::kFp8 ? kFp8Log2PScale : 0> softmax;
+        const auto scales = p.scales(tile);
+        auto& pipeline_pv = pick<Traits::kFp8>(pipeline_vt, pipeline_v);
+        Mainloop::template compute<kPacked, kDropout>(p.mainloop, shared, pipeline_k, pipeline_pv, read,
+                                                      p.mask(tile), tile.m_block, tile.batch, tile.head,
+                                                      local_tile_count, thread_idx, scales.log2, acc_o, softmax);
+        Tensor o = acc_rowcol(acc_o);
+        // The softmax ran on negated scores when the scale is negative.
+        const float out_scale = kDropout ? scales.out * p.mainloop.dropout.keep_scale : scales.out;
+        auto lse = softmax.finalize_rows(o, fabsf(scales.natural), out_scale);
+        Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile), thread_idx);
+        if constexpr (!kDynamic) pos = p.scheduler.next(pos);
       }
-      if (!p.scheduler.valid(pos)) break;
-      if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
-      Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-      OnlineSoftmax<2, Traits::kFp8 ? kFp8Log2PScale : 0> softmax;
-      const auto scales = p.scales(tile);
-      auto& pipeline_pv = pick<Traits::kFp8>(pipeline_vt, pipeline_v);
-      Mainloop::template compute<kPacked>(p.mainloop, shared, pipeline_k, pipeline_pv, read, p.mask(tile),
-                                          tile.m_block, local_tile_count, thread_idx, scales.log2, acc_o, softmax);
-      Tensor o = acc_rowcol(acc_o);
-      // The softmax ran on negated scores when the scale is negative.
-      auto lse = softmax.finalize_rows(o, fabsf(scales.natural), scales.out);
-      Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile), thread_idx);
-      if constexpr (!kDynamic) pos = p.scheduler.next(pos);
+    };
+    if constexpr (kDropout) {
+      if (blockIdx.x == 0 && thread_idx == 0) record_rng_state(p.mainloop.dropout);
     }
+    consume();
     // The last O store reads shared memory until it completes.
     if (thread_idx % 128 == 0) tma_store_wait<0>();
     // Consume the turn the last consumer handed out at start, so no arrival is left
@@ -185,6 +194,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   }
 #endif
+}
+
+// Policy: mask.h Band, FromMemory or FromMemoryAdditive (mask_summary.h with_policy);
+// a packed batch: Band.
+template <class Traits, class Policy, bool kPacked>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy, kPacked> const p) {
+  fwd_cta<Traits, Policy, kPacked, false>(p);
+}
+
+// The same with dropout (params.h DropoutArgs): bf16/fp16, a Band, not packed.
+template <class Traits, class Policy, bool kPacked>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_dropout_kernel(CUTE_GRID_CONSTANT FwdKernelParams<Traits, Policy, kPacked> const p) {
+  static_assert(!Traits::kFp8 && !kPacked && !mask::kReadsMemory<Policy>);
+  fwd_cta<Traits, Policy, kPacked, true>(p);
 }
 
 }  // namespace sm90

@@ -44,6 +44,9 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
   // A runtime call before the TMA descriptors are encoded: it binds the
   // thread's context, which the encoder needs (launch_fwd.h).
   auto kernel = &bwd_kernel<Traits, Policy, kPacked>;
+  if constexpr (!kPacked && !mask::kReadsMemory<Policy>) {
+    if (a.dropout.on()) kernel = &bwd_dropout_kernel<Traits, Policy, kPacked>;
+  }
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (err != cudaSuccess) return err;
 
@@ -69,7 +72,7 @@ cudaError_t launch_bwd_with(const AttnBwdParams& a, const BwdWorkspace& ws, cuda
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKV{}, TileKV{}, _1{}),
        mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.heads_q, a.scale_log2, ws.len_q_pad, ws.lse_log2, ws.dsum,
-       ws.dq_accum, ws.split_elems, a.deterministic, a.seqlens, ws.head_rows},
+       ws.dq_accum, ws.split_elems, a.deterministic, a.seqlens, ws.head_rows, a.dropout},
       a.heads_kv,
       a.batch,
       n_blocks,

@@ -72,6 +72,9 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
   // CUDA_ERROR_INVALID_CONTEXT, CuTe leaves the descriptor zero, and the kernel
   // dies on an illegal instruction. A runtime call first binds the context.
   auto kernel = &fwd_kernel<Traits, Policy, kPacked>;
+  if constexpr (!Traits::kFp8 && !kPacked && !mask::kReadsMemory<Policy>) {
+    if (a.dropout.on()) kernel = &fwd_dropout_kernel<Traits, Policy, kPacked>;
+  }
   constexpr int kSmem = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -99,7 +102,7 @@ cudaError_t launch_fwd_with(const AttnFwdParams& a, cudaStream_t stream, int* ne
       {make_tma_copy(SM90_TMA_LOAD{}, mQ, typename Traits::SmemLayoutQ{}, TileQ{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mK, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
        make_tma_copy(SM90_TMA_LOAD{}, mV, typename Traits::SmemLayoutKVStage{}, TileKV{}, _1{}),
-       mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2},
+       mQ.shape(), mK.shape(), a.heads_q / a.heads_kv, a.scale_log2, a.heads_q, a.dropout},
       {make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOSlab{}, Shape<_64, Int<Traits::kHeadDim>>{},
                      _1{}),
        mO.shape(), a.lse, kPacked ? a.seqlens.total_q : a.len_q, a.heads_q, static_cast<ElementOut*>(a.o),

@@ -19,6 +19,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "common/mask_apply.h"
 #include "common/workspace_bwd.h"
@@ -63,6 +64,7 @@ struct BwdMainloop {
     bool deterministic;      // one split per CTA column, reductions one at a time
     SeqLens seqlens;         // a packed batch's, whose sequence b starts packed_row0(b) rows into a head's
     int64_t head_rows;
+    DropoutArgs dropout;
   };
 
   // The workspace row of query tile m_block's first row.
@@ -150,51 +152,9 @@ struct BwdMainloop {
     }
   };
 
-  // What a consumer computes at a step: query tile m_block of query head
-  // head_q, and whether its tile holds a hidden pair.
-  struct Step {
-    int m_block, head_q;
-    bool predicate;
-  };
-
-  // The consumers' steps. Without a mask in memory they count them as the
-  // producer does. With one, only the producer walks the tile kinds: it
-  // writes each stage's step (StepNote) into shared memory before that
-  // stage's Q arrival (a release; the consumers' wait acquires it) and ends
-  // the key tile with a stage that loads nothing. Each consumer walking the
-  // kinds itself held a cursor and a mask view through each step (~22
-  // instructions a step and warp, benchmarks/history/2026-11-v9-v27.md, v24 and v27).
+  using Step = ConsumerStep;
   template <class Masks>
-  struct ConsumerSteps {
-    static constexpr bool kNotes = mask::kReadsMemory<Policy>;
-    BwdSteps const& steps;
-    Masks const& masks;
-    int batch, n_block;
-    int i = 0;
-
-    // The next step into `step`, its Q stage waited for where notes are read;
-    // false at the key tile's end (its empty stage consumed).
-    CUTE_DEVICE bool take(SharedStorage& shared, Pipeline& pipeline_q, Pipeline& pipeline_do, PipelineState& read,
-                          Step& step) {
-      if constexpr (kNotes) {
-        pipeline_q.consumer_wait(read);
-        const StepNote note = shared.notes[read.index()];
-        if (note.m_block < 0) {
-          pipeline_do.consumer_wait(read);
-          pipeline_q.consumer_release(read);
-          pipeline_do.consumer_release(read);
-          ++read;
-          return false;
-        }
-        step = {note.m_block, note.head_q, note.predicate != 0};
-      } else {
-        if (i >= steps.count) return false;
-        const auto at = steps.at(i++);
-        step = {at.m_block, at.head_q, masks.mask(batch, at.head_q).needs_predicate(at.m_block, n_block)};
-      }
-      return true;
-    }
-  };
+  using Steps = ConsumerSteps<mask::kReadsMemory<Policy>, Masks>;
 
   // Producer: one warp, whose lane 0 (the pipelines' leader) issues the
   // loads. unit: this CTA's how-many-th key tile (phase of kv_full).
@@ -229,7 +189,7 @@ struct BwdMainloop {
     }
 
     StepCursor<Masks> cursor(steps, masks, batch, n_block);
-    constexpr bool kNotes = ConsumerSteps<Masks>::kNotes;
+    constexpr bool kNotes = Steps<Masks>::kNotes;
     for (int i = cursor.next(0); i < steps.count; i = cursor.next(i + 1)) {
       const auto step = steps.at(i);
       Tensor gQ = local_tile(tile.q_rows(mQ, step.head_q), TileQ{}, make_coord(step.m_block, 0));
@@ -279,12 +239,14 @@ struct BwdMainloop {
   // and query q0 of the tiles; lse and dsum: the tile's row statistics.
   // Padded query rows have lse = +inf, so their P is 0; where predicate,
   // hidden pairs are zeroed (a mask in memory: by `pieces`, mask_apply.h's
-  // load_bit_pieces').
-  template <class Acc, class Coord, int kPieces>
-  CUTE_DEVICE static void softmax_grad(Acc& acc_s, Acc& acc_dp, Coord const& coord, float const* lse,
-                                       float const* dsum, Mask const& mask, bool predicate,
-                                       uint32_t const (&pieces)[kPieces], int m_block, int n_block, int q0, int k0,
-                                       float scale_log2) {
+  // load_bit_pieces'). With dropout (of batch, head_q's pairs), dV's P^T is the
+  // kept one times 1 / (1 - p) and dS^T = P^T (dP^T kept / (1 - p) - D).
+  template <bool kDropout, class Acc, class Coord, int kPieces>
+  CUTE_DEVICE static void softmax_grad(Params const& p, Acc& acc_s, Acc& acc_dp, Coord const& coord,
+                                       float const* lse, float const* dsum, Mask const& mask, bool predicate,
+                                       uint32_t const (&pieces)[kPieces], int batch, int head_q, int m_block,
+                                       int n_block, int q0, int k0) {
+    const float scale_log2 = p.scale_log2;
     constexpr int kRows = decltype(size<0>(coord))::value;
     constexpr int kCols = decltype(size<1>(coord))::value;
     warpgroup_wait<1>();
@@ -319,6 +281,14 @@ struct BwdMainloop {
     } else {
       exponentiate();
     }
+    // Dropout's draws while dP^T is still on the tensor cores, a bit per value.
+    uint32_t kept[(kRows * kCols + 31) / 32] = {};
+    if constexpr (kDropout) {
+      Dropout::of(p.dropout, batch, head_q, p.heads_q)
+          .for_each_transposed(coord, n_block * kBlockN + k0, m_block * kBlockM + q0, [&](int r, int c, bool keep) {
+            kept[(r * kCols + c) / 32] |= uint32_t(keep) << ((r * kCols + c) % 32);
+          });
+    }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
     Tensor dp = acc_rowcol(acc_dp);
@@ -326,7 +296,15 @@ struct BwdMainloop {
     for (int c = 0; c < kCols; ++c) {
       const float d = dsum[q0 + get<1>(coord(0, c))];
       CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) dp(r, c) = s(r, c) * (dp(r, c) - d);
+      for (int r = 0; r < kRows; ++r) {
+        if constexpr (kDropout) {
+          const bool keep = (kept[(r * kCols + c) / 32] >> ((r * kCols + c) % 32)) & 1u;
+          dp(r, c) = s(r, c) * ((keep ? dp(r, c) * p.dropout.keep_scale : 0.f) - d);
+          s(r, c) = keep ? s(r, c) * p.dropout.keep_scale : 0.f;
+        } else {
+          dp(r, c) = s(r, c) * (dp(r, c) - d);
+        }
+      }
     }
   }
 
@@ -334,13 +312,13 @@ struct BwdMainloop {
   // landed, then P^T and dS^T in their place (softmax_grad). A mask in
   // memory's bits load first: their latency overlaps dO's wait and the MMAs.
   // kQueries: the slice's queries (coord's second extent).
-  template <int kQueries, class Mma, class FragKV, class FragQ, class Acc, class Coord>
+  template <int kQueries, bool kDropout, class Mma, class FragKV, class FragQ, class Acc, class Coord>
   CUTE_DEVICE static void scores_and_grads(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                            Pipeline& pipeline_do, PipelineState const& read, Mma& mma,
                                            FragKV const& tSrK, FragKV const& tSrV, FragQ const& tSrQ,
                                            FragQ const& tSrdO, Acc& acc_s, Acc& acc_dp, Coord const& coord,
-                                           Mask const& mask, bool predicate, int m_block, int n_block, int q0,
-                                           int k0) {
+                                           Mask const& mask, bool predicate, int batch, int head_q, int m_block,
+                                           int n_block, int q0, int k0) {
     uint32_t pieces[(kQueries + 31) / 32];
     if constexpr (mask::kReadsMemory<Policy>) {
       if (predicate) {
@@ -353,8 +331,8 @@ struct BwdMainloop {
     wgmma<true, -1>(mma, tSrK, tSrQ(_, _, _, stage), acc_s);
     pipeline_do.consumer_wait(read);
     wgmma<true, -1>(mma, tSrV, tSrdO(_, _, _, stage), acc_dp);
-    softmax_grad(acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, predicate, pieces, m_block,
-                 n_block, q0, k0, p.scale_log2);
+    softmax_grad<kDropout>(p, acc_s, acc_dp, coord, shared.lse[stage], shared.dsum[stage], mask, predicate, pieces,
+                           batch, head_q, m_block, n_block, q0, k0);
   }
 
   // Warpgroup w's share of dQ = dS K (BwdTraits::DqSlice), its wgmma waited
@@ -381,7 +359,7 @@ struct BwdMainloop {
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
   // dV in its accumulators. thread_idx counts the consumer threads from 0.
   // masks: as load()'s; the steps it skips are load()'s.
-  template <class Masks, class Tile, class AccdK, class AccdV>
+  template <bool kDropout, class Masks, class Tile, class AccdK, class AccdV>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                   Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
                                   Masks const& masks, int n_block, Tile const& tile, int unit, float* dq_split,
@@ -429,7 +407,7 @@ struct BwdMainloop {
 
     shared.kv_full.wait(unit & 1);
     clear_foreign_kv(shared, tile, n_block, thread_idx);
-    ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
+    Steps<Masks> walk{steps, masks, batch, n_block};
     Step step;
     while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
@@ -437,9 +415,9 @@ struct BwdMainloop {
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kBlockM>>{});
-      scores_and_grads<kBlockM>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
-                                acc_dp, coord, masks.mask(batch, step.head_q), step.predicate, step.m_block,
-                                n_block, 0, warpgroup * 64);
+      scores_and_grads<kBlockM, kDropout>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO,
+                                          acc_s, acc_dp, coord, masks.mask(batch, step.head_q), step.predicate, batch,
+                                          step.head_q, step.m_block, n_block, 0, warpgroup * 64);
 
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor tdVrP = make_tensor(p_regs.data(), acc_as_a_operand_layout(p_regs.layout()));
@@ -490,7 +468,7 @@ struct BwdMainloop {
   // S^T and dP^T for the tile's 64 keys and its half of the query tile, writes
   // P^T and dS^T to shared memory, then dV, dK (left in its accumulators) and
   // dQ for its half of the head dim, and adds dQ into the float32 accumulator.
-  template <class Masks, class Tile, class AccdK, class AccdV>
+  template <bool kDropout, class Masks, class Tile, class AccdK, class AccdV>
   CUTE_DEVICE static void compute_split_dim(Params const& p, SharedStorage& shared, Pipeline& pipeline_q,
                                             Pipeline& pipeline_do, PipelineState& read, BwdSteps const& steps,
                                             Masks const& masks, int n_block, Tile const& tile, int unit,
@@ -549,7 +527,7 @@ struct BwdMainloop {
     int done = 0;  // steps computed: P^T and dS^T alternate buffers
     shared.kv_full.wait(unit & 1);
     clear_foreign_kv(shared, tile, n_block, thread_idx);
-    ConsumerSteps<Masks> walk{steps, masks, batch, n_block};
+    Steps<Masks> walk{steps, masks, batch, n_block};
     Step step;
     while (walk.take(shared, pipeline_q, pipeline_do, read, step)) {
       const int stage = read.index();
@@ -557,9 +535,9 @@ struct BwdMainloop {
 
       Tensor acc_s = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
       Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<_64, Int<kQueries>>{});
-      scores_and_grads<kQueries>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ, tSrdO, acc_s,
-                                 acc_dp, coord, masks.mask(batch, step.head_q), step.predicate, step.m_block,
-                                 n_block, warpgroup * kQueries, 0);
+      scores_and_grads<kQueries, kDropout>(p, shared, pipeline_q, pipeline_do, read, mma_sdp, tSrK, tSrV, tSrQ,
+                                           tSrdO, acc_s, acc_dp, coord, masks.mask(batch, step.head_q), step.predicate,
+                                           batch, step.head_q, step.m_block, n_block, warpgroup * kQueries, 0);
       Tensor p_regs = convert_fragment<Element>(acc_s);
       Tensor ds_regs = convert_fragment<Element>(acc_dp);
 

@@ -19,6 +19,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "params.h"
+#include "common/dropout.h"
 #include "common/mask_apply.h"
 #include "common/softmax.h"
 #include "sm90/mask_walk.h"
@@ -58,6 +59,8 @@ struct FwdMainloop {
     typename Traits::GmemShape shape_k;  // (S, E, Hkv, B)
     int group;                           // q heads per kv head
     float scale_log2;
+    int heads_q;
+    DropoutArgs dropout;
   };
 
   // Query tile m_block's key tiles, visited from the last it may see down to
@@ -225,11 +228,11 @@ struct FwdMainloop {
   // same tensors; see clear_foreign_v. pipeline_v: V's (the transposed V's
   // with FP8 inputs); scale_log2: the scores' factor (FP8: with the
   // descales), negative to flip the scores' order.
-  template <bool kPacked, class PipelineV, class AccO, class Softmax>
+  template <bool kPacked, bool kDropout, class PipelineV, class AccO, class Softmax>
   CUTE_DEVICE static void compute(Params const& p, SharedStorage& shared, Pipeline& pipeline_k,
                                   PipelineV& pipeline_v, PipelineState& read, Mask const& mask, int m_block,
-                                  int local_tile_count, int thread_idx, float scale_log2_signed, AccO& acc_o,
-                                  Softmax& softmax) {
+                                  int batch, int head, int local_tile_count, int thread_idx,
+                                  float scale_log2_signed, AccO& acc_o, Softmax& softmax) {
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sVt = make_tensor(make_smem_ptr(Traits::vt_buffer(shared)), typename Traits::SmemLayoutVt{});
@@ -267,6 +270,15 @@ struct FwdMainloop {
     auto release_q = [&](bool last) {
       if constexpr (Traits::kSeparateO) {
         if (last && thread_idx % 128 == 0) shared.q_free.arrive();
+      }
+    };
+    // Dropout after the row sums (which count every pair); O's 1 / (1 - p)
+    // comes with its normalisation.
+    auto drop = [&](auto& s, int n_block) {
+      if constexpr (kDropout) {
+        Dropout::of(p.dropout, batch, head, p.heads_q)
+            .for_each(acc_rowcol(tScS), m_block * kBlockM, n_block * kBlockN,
+                      [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) : 0.f; });
       }
     };
     // predicate: the walk's (KeyWalk::first, below).
@@ -310,6 +322,7 @@ struct FwdMainloop {
     {
       Tensor s = acc_rowcol(acc_s);
       softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
+      drop(s, n_first);
     }
     // P in registers, and its view as P V's A operand.
     Tensor p_regs = [&] {
@@ -352,6 +365,7 @@ struct FwdMainloop {
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);
       softmax.update_stats(s, scale_log2);
+      drop(s, n_block);
       bool max_moved = true;
       if constexpr (Traits::kSkipUnitRescale) {
         max_moved = false;

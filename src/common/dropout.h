@@ -1,0 +1,149 @@
+// Dropout's decisions, one rule for every kernel and for the mask the ops
+// return (dropout_mask.cu).
+//
+// Pair (query i, key j) of batch b, q head h is kept when its 16-bit draw is
+// at least params.h DropoutArgs::threshold. The draws come from Philox4x32-10
+// keyed by the generator's seed; the counter's low 64 bits are offset / 4 +
+// b * heads_q + h (PyTorch's generator hands out offsets in 32-bit draws, four
+// to a counter; the ops take 4 * batch * heads_q of them per call), its high
+// words name a cell of 8 pairs:
+//   cell_row(i) = (i / 16) * 8 + i % 8, cell_col(j) = ((j / 16) * 8 + j % 8) / 2,
+// the pairs {i, i + 8} x {j, j + 1, j + 8, j + 9} of a 16 x 16 block; draw
+// `slot(i, j)` of the cell's eight decides the pair. A cell is exactly what one
+// lane holds of a 16 x 16 block of an mma.sync or wgmma accumulator (rows
+// lane / 4 and + 8, columns 2 (lane % 4), + 1, + 8, + 9), so a forward's lane
+// makes one draw per eight of its values; a backward holding S^T (keys as rows)
+// needs two cells per block and shares them with the lane holding key j ^ 1.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "params.h"
+
+namespace tfb {
+
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
+CUTE_HOST_DEVICE uint4 philox4x32_10(uint4 c, uint2 key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(kM0) * c.x, p1 = uint64_t(kM1) * c.z;
+    c = make_uint4(uint32_t(p1 >> 32) ^ c.y ^ key.x, uint32_t(p1), uint32_t(p0 >> 32) ^ c.w ^ key.y, uint32_t(p0));
+    key.x += kW0;
+    key.y += kW1;
+  }
+  return c;
+}
+
+struct Dropout {
+  uint2 key;
+  uint2 counter;        // the low 64 bits of every draw's counter for this (batch, head)
+  uint32_t threshold2;  // the threshold in both halves, for __vcmpgeu2
+
+  CUTE_HOST_DEVICE static int cell_row(int i) { return (i >> 4) * 8 + (i & 7); }
+  CUTE_HOST_DEVICE static int cell_col(int j) { return ((j >> 4) * 8 + (j & 7)) >> 1; }
+  CUTE_HOST_DEVICE static int slot(int i, int j) { return (j & 1) * 4 + ((i >> 3) & 1) * 2 + ((j >> 3) & 1); }
+
+  // The seed and offset this call draws with (while capturing a CUDA graph, or
+  // in a backward: read through the pointers).
+  CUTE_HOST_DEVICE static uint64_t seed_of(DropoutArgs const& a) { return a.seed_ptr ? uint64_t(*a.seed_ptr) : a.seed; }
+  CUTE_HOST_DEVICE static uint64_t offset_of(DropoutArgs const& a) {
+    return a.offset_ptr ? uint64_t(*a.offset_ptr) + a.offset_extra : a.offset;
+  }
+
+  CUTE_HOST_DEVICE static Dropout of(DropoutArgs const& a, int batch, int head, int heads_q) {
+    const uint64_t seed = seed_of(a);
+    const uint64_t low = offset_of(a) / 4 + uint64_t(batch) * uint64_t(heads_q) + uint64_t(head);
+    return {make_uint2(uint32_t(seed), uint32_t(seed >> 32)), make_uint2(uint32_t(low), uint32_t(low >> 32)),
+            a.threshold | (a.threshold << 16)};
+  }
+
+  // A cell's eight draws, two to a word: slot s is half s % 2 of word s / 2.
+  CUTE_HOST_DEVICE uint4 draw(int cell_i, int cell_j) const {
+    return philox4x32_10(make_uint4(counter.x, counter.y, uint32_t(cell_i), uint32_t(cell_j)), key);
+  }
+
+#if defined(__CUDACC__)
+  // Per half: 0xffff where the draw keeps its pair.
+  CUTE_DEVICE uint32_t kept_halves(uint32_t word) const { return __vcmpgeu2(word, threshold2); }
+
+  // f(r, c, kept) for each value (r, c) of a (row, col) view of an
+  // accumulator in the mma layout: rows (+8, row blocks), columns (+1,
+  // 8-column blocks, ...), queries as rows. coord: that view of each value's
+  // (row, col) in the tile; row0 / col0: the tile's first query and key in the
+  // sequence.
+  template <class Coord, class F>
+  CUTE_DEVICE void for_each(Coord const& coord, int row0, int col0, F&& f) const {
+    constexpr int kRows = decltype(cute::size<0>(coord))::value;
+    constexpr int kCols = decltype(cute::size<1>(coord))::value;
+    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
+    CUTE_UNROLL
+    for (int m = 0; m < kRows / 2; ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < kCols / 4; ++k) {
+        const int i = row0 + cute::get<0>(coord(2 * m, 4 * k));
+        const int j = col0 + cute::get<1>(coord(2 * m, 4 * k));
+        const uint4 d = draw(cell_row(i), cell_col(j));
+        const uint32_t w[4] = {kept_halves(d.x), kept_halves(d.y), kept_halves(d.z), kept_halves(d.w)};
+        CUTE_UNROLL
+        for (int r0 = 0; r0 < 2; ++r0) {
+          CUTE_UNROLL
+          for (int cc = 0; cc < 4; ++cc) {
+            const int s_ = (cc & 1) * 4 + r0 * 2 + (cc >> 1);  // slot(i + 8 r0, j + (cc & 1) + 8 (cc >> 1))
+            f(2 * m + r0, 4 * k + cc, ((w[s_ >> 1] >> (16 * (s_ & 1))) & 1u) != 0u);
+          }
+        }
+      }
+    }
+  }
+
+  // The same over S^T's view (keys as rows, queries as columns): each lane
+  // draws one of the two cells of a 16 x 16 block and trades half of it with
+  // lane ^ 4 (key j ^ 1, the same queries). Every lane of the warp calls it.
+  template <class Coord, class F>
+  CUTE_DEVICE void for_each_transposed(Coord const& coord, int key0, int query0, F&& f) const {
+    constexpr int kRows = decltype(cute::size<0>(coord))::value;
+    constexpr int kCols = decltype(cute::size<1>(coord))::value;
+    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
+    CUTE_UNROLL
+    for (int m = 0; m < kRows / 2; ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < kCols / 4; ++k) {
+        const int j = key0 + cute::get<0>(coord(2 * m, 4 * k));
+        const int i = query0 + cute::get<1>(coord(2 * m, 4 * k));
+        const bool odd = (j & 1) != 0;
+        // Cell cell_row(i) + odd; this lane's slots are those of key parity `odd`: words 2 odd, 2 odd + 1.
+        const uint4 d = draw(cell_row(i) + int(odd), cell_col(j));
+        const uint32_t own0 = odd ? d.z : d.x, own1 = odd ? d.w : d.y;
+        const uint32_t other0 = __shfl_xor_sync(0xffffffffu, odd ? d.x : d.z, 4);
+        const uint32_t other1 = __shfl_xor_sync(0xffffffffu, odd ? d.y : d.w, 4);
+        // Queries i + 0 / 8 read cell_row(i), queries i + 1 / 9 the next.
+        const uint32_t even_q[2] = {kept_halves(odd ? other0 : own0), kept_halves(odd ? other1 : own1)};
+        const uint32_t odd_q[2] = {kept_halves(odd ? own0 : other0), kept_halves(odd ? own1 : other1)};
+        CUTE_UNROLL
+        for (int r0 = 0; r0 < 2; ++r0) {
+          CUTE_UNROLL
+          for (int cc = 0; cc < 4; ++cc) {
+            const uint32_t word = (cc & 1) ? odd_q[cc >> 1] : even_q[cc >> 1];
+            f(2 * m + r0, 4 * k + cc, ((word >> (16 * r0)) & 1u) != 0u);
+          }
+        }
+      }
+    }
+  }
+#endif
+};
+
+// The forward's first thread records the seed and offset its call drew with.
+#if defined(__CUDACC__)
+CUTE_DEVICE void record_rng_state(DropoutArgs const& a) {
+  if (a.rng_state != nullptr) {
+    a.rng_state[0] = int64_t(Dropout::seed_of(a));
+    a.rng_state[1] = int64_t(Dropout::offset_of(a));
+  }
+}
+#endif
+
+}  // namespace tfb
