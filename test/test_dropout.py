@@ -36,16 +36,20 @@ def _need(family, head_dim=128, dtype=torch.bfloat16):
         pytest.skip(f"no {family} kernels of head dim {head_dim} run here")
 
 
-def _math(q, k, v, kept, p, scale, causal, dtype):
+def _math(q, k, v, kept, p, scale, causal, dtype, visible=None):
     """PyTorch's math path with the given dropout mask, in `dtype` (float64: the
     reference; a 16-bit dtype: the baseline, its softmax and P in that dtype as
-    a fused kernel's P is, not upcast to float32)."""
+    a fused kernel's P is, not upcast to float32). visible: a boolean mask (True:
+    take part), given to the math op as the additive mask it adds."""
     gqa = q.size(1) != k.size(1)
     q, k, v = (t.to(dtype) for t in (q, k, v))
+    additive = None
+    if visible is not None:
+        additive = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill(~visible, float("-inf"))
     upcast = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
     try:
-        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, None, p, causal, kept, scale=scale,
+        return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, additive, p, causal, kept, scale=scale,
                                                                   enable_gqa=gqa)[0]
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(upcast)
@@ -93,7 +97,7 @@ def test_router_sends_dropout_to_the_families_that_draw_it():
         d = tfb.explain(q, q, q, attn_mask=mask, dropout_p=0.1)
         assert not d.served and "with attn_mask" in d.reason, d
         d = _router.decide(q, q, q, None, 0.1, True, None, False, bottom_right=True, window=(16, 0))
-        assert not d.served and "with a window" in d.reason, d
+        assert d.served and d.family == "sm90", d  # a window is two edges: drawn beside them
     with FakeTensorMode(), testing.pretend_cuda(capability=(9, 0), kernels=testing.registry_kernel_names("decode")):
         q = torch.empty(2, 8, 4, 128, dtype=torch.bfloat16, device="cuda")
         d = tfb.explain(q, q, q, dropout_p=0.1)
@@ -212,16 +216,59 @@ def test_matches_reference_with_its_mask(family, head_dim, case):
         assert_within_baseline(f"{family} {name}", o, bl, r, floor=1e-4)
 
 
+WINDOWS = [  # (L, S, head_dim, window_left, window_right, is_causal, bottom_right)
+    (256, 256, 128, 64, -1, True, True),
+    (256, 256, 128, 64, 32, False, True),
+    (300, 500, 64, 100, 20, False, True),
+    (256, 256, 128, -1, 0, False, False),
+    (200, 130, 64, 17, 5, False, True),  # L > S: the first rows see no key
+    (129, 700, 128, 1, 1, False, False),  # three keys a row, top-left
+]
+# (A band of one key a row is left out: there P = 1, so dS = P (dP - D) is exactly 0
+# in the math path, while a flash backward takes D from the rounded O and leaves
+# dq, dk of the rounding's size, ~2e-2 here, with or without dropout.)
+
+
 @pytest.mark.gpu
-def test_dropout_beside_a_mask_or_window_is_refused():
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: "L{}_S{}_E{}_left{}_right{}_causal{}_br{}".format(*w))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_window_matches_reference_with_its_mask(family, window):
+    """A window is two edges the kernels walk; the draws beside it are the
+    call's mask, as beside is_causal (rows that see no key give 0)."""
+    L, S, head_dim, left, right, causal, bottom_right = window
+    _need(family, head_dim)
+    from test_windows import band_mask
+    torch.manual_seed(L * 7 + S + left)
+    b, hq, hkv, p = 2, 4, 2, 0.2
+    q = torch.randn(b, hq, L, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, S, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, S, head_dim, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(b, hq, L, head_dim, device="cuda", dtype=torch.bfloat16)
+    band = dict(bottom_right=bottom_right, window_left=left, window_right=right)
+    out, lse, rng = ops.dropout_fwd(q, k, v, p, None, causal, family, family, **band)
+    kept = ops.dropout_mask(rng, p, b, hq, L, S)
+    dq, dk, dv = ops.dropout_bwd(dout, q, k, v, out, lse, rng, p, None, causal, family, **band)
+    visible = band_mask(L, S, left, right, causal, bottom_right, "cuda")
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    out64 = _math(q64, k64, v64, kept, p, None, False, torch.float64, visible)
+    ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())
+    qb, kb, vb = (t.clone().requires_grad_() for t in (q, k, v))
+    outb = _math(qb, kb, vb, kept, p, None, False, torch.bfloat16, visible)
+    base = torch.autograd.grad(outb, (qb, kb, vb), dout)
+    name = f"{family} window {window}"
+    assert_within_baseline(f"{name} out", out, outb, out64, floor=1e-4)
+    for what, o, bl, r in zip(("dq", "dk", "dv"), (dq, dk, dv), base, ref):
+        assert_within_baseline(f"{name} {what}", o, bl, r, floor=1e-4)
+
+
+@pytest.mark.gpu
+def test_dropout_beside_a_mask_is_refused():
     family = "sm90" if _runs_here("sm90") else "sm80"
     _need(family)
     q = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.bfloat16)
     mask = torch.rand(64, 64, device="cuda") > 0.5
     with pytest.raises(RuntimeError, match="dropout_p > 0 with attn_mask"):
         ops.dropout_fwd(q, q, q, 0.1, None, False, family, family, attn_mask=mask)
-    with pytest.raises(RuntimeError, match="dropout_p > 0 with a window"):
-        ops.dropout_fwd(q, q, q, 0.1, None, True, family, family, window_left=8)
     with tfb.enable():
         assert "with attn_mask" in tfb.explain(q, q, q, attn_mask=mask, dropout_p=0.1).reason
         torch.manual_seed(0)
@@ -393,3 +440,35 @@ def test_provider_serves_dropout_with_its_debug_mask():
             assert torch.equal(a, b)
     finally:
         A.restore_flash_attention_impl()
+
+
+@pytest.mark.gpu
+def test_provider_serves_dropout_beside_a_window():
+    """PyTorch's _flash_attention_forward with window_size_left / right and
+    dropout: our kernels draw beside the window (bottom-right, as PyTorch's
+    kernel aligns it), and its debug mask rebuilds the output."""
+    import torch.nn.attention as A
+
+    from test_windows import band_mask
+
+    family = "sm90" if _runs_here("sm90") else "sm80"
+    _need(family)
+    torch.manual_seed(8)
+    L, S, left, right, p = 256, 320, 48, 16, 0.2
+    q = torch.randn(2, L, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, S, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    A.activate_flash_attention_impl("torch_flash_backend")
+    try:
+        tfb.reset_stats()
+        out, _, _, _, debug = torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, L, S, p, False, True, window_size_left=left, window_size_right=right)
+        routed = tfb.stats()["routed"]
+    finally:
+        A.restore_flash_attention_impl()
+    assert any(n.startswith(f"{family}_fwd") for n in routed), routed
+    kept = debug >= 0
+    visible = band_mask(L, S, left, right, False, True, "cuda")
+    q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))
+    ref = _math(q4.double(), k4.double(), v4.double(), kept, p, None, False, torch.float64, visible)
+    base = _math(q4, k4, v4, kept, p, None, False, torch.bfloat16, visible)
+    assert_within_baseline("provider window out", out.transpose(1, 2), base, ref, floor=1e-4)

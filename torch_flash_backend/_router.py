@@ -343,9 +343,9 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         return _fallback(f"dropout_p={dropout_p} is outside (0, 1)")
     if dropout and on_cpu:
         return _fallback(f"dropout_p={dropout_p} on CPU: the CPU ops draw no dropout")
-    if dropout and (masked or window != (-1, -1)):
-        what = "attn_mask" if masked else "a window"
-        return _fallback(f"dropout_p={dropout_p} with {what}: the kernels draw dropout beside is_causal alone")
+    if dropout and masked:
+        return _fallback(f"dropout_p={dropout_p} with attn_mask: the kernels draw no dropout beside a mask in "
+                         "memory (beside is_causal or a window they do)")
     if dropout and packed is not None:
         return _fallback(f"dropout_p={dropout_p} with a packed variable-length batch: the packed ops draw no "
                          "dropout")

@@ -150,10 +150,7 @@ const PassKernels<Params>& choose(const std::vector<PassKernels<Params>>& kernel
     TORCH_CHECK(!p.dropout.on() || k.dropout, "family='", *family, "' has no ", pass,
                 " kernel that draws dropout (dropout_p > 0)");
     TORCH_CHECK(!p.dropout.on() || !masked, "dropout_p > 0 with attn_mask: no ", pass,
-                " kernel draws dropout beside a mask in memory (beside is_causal it does)");
-    const bool window_edges = p.mask.mode == MaskMode::kBand && (p.mask.window_left >= 0 || p.mask.window_right > 0);
-    TORCH_CHECK(!p.dropout.on() || !window_edges, "dropout_p > 0 with a window (window_left / window_right): no ", pass,
-                " kernel draws dropout beside a window (beside is_causal it does)");
+                " kernel draws dropout beside a mask in memory (beside is_causal or a window it does)");
     TORCH_CHECK(k.can_run(p), "family='", *family, "' cannot run these inputs (a stride of 0 from expand(), ",
                 "a stride or pointer that is not a multiple of ", limits_of(k.family).align_bytes,
                 " bytes, or, for a decode family, a query longer than it serves)");

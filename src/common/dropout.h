@@ -25,17 +25,42 @@
 namespace tfb {
 
 // Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
+// The products as __umulhi and a 32-bit multiply: written as 64-bit products,
+// nvcc adds a zero high word into every round (a third more instructions, in
+// the chain's critical path).
+CUTE_HOST_DEVICE uint32_t mul_hi(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umulhi(a, b);
+#else
+  return uint32_t((uint64_t(a) * b) >> 32);
+#endif
+}
+
 CUTE_HOST_DEVICE uint4 philox4x32_10(uint4 c, uint2 key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 #pragma unroll
   for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t(kM0) * c.x, p1 = uint64_t(kM1) * c.z;
-    c = make_uint4(uint32_t(p1 >> 32) ^ c.y ^ key.x, uint32_t(p1), uint32_t(p0 >> 32) ^ c.w ^ key.y, uint32_t(p0));
+    c = make_uint4(mul_hi(kM1, c.z) ^ c.y ^ key.x, kM1 * c.z, mul_hi(kM0, c.x) ^ c.w ^ key.y, kM0 * c.x);
     key.x += kW0;
     key.y += kW1;
   }
   return c;
 }
+
+// A thread's keep decisions, a bit each, four cells (32 decisions) to a word:
+// bit 16 h + 4 (g % 4) + s of word g / 4 is half h of kept-halves word s of
+// the thread's cell g (Dropout::kept_halves). Packed with one LOP3 a word
+// half, read with one bit test.
+template <int kCells>
+struct KeepBits {
+  uint32_t word[(kCells + 3) / 4] = {};
+
+  CUTE_HOST_DEVICE void put(int g, uint32_t const (&halves)[4]) {
+    CUTE_UNROLL
+    for (int s = 0; s < 4; ++s) word[g / 4] |= halves[s] & (0x00010001u << (4 * (g % 4) + s));
+  }
+  CUTE_HOST_DEVICE bool get(int g, int s, int h) const { return ((word[g / 4] >> (16 * h + 4 * (g % 4) + s)) & 1u) != 0u; }
+};
 
 struct Dropout {
   uint2 key;
@@ -69,16 +94,17 @@ struct Dropout {
   // Per half: 0xffff where the draw keeps its pair.
   CUTE_DEVICE uint32_t kept_halves(uint32_t word) const { return __vcmpgeu2(word, threshold2); }
 
-  // f(r, c, kept) for each value (r, c) of a (row, col) view of an
-  // accumulator in the mma layout: rows (+8, row blocks), columns (+1,
-  // 8-column blocks, ...), queries as rows. coord: that view of each value's
-  // (row, col) in the tile; row0 / col0: the tile's first query and key in the
-  // sequence.
-  template <class Coord, class F>
-  CUTE_DEVICE void for_each(Coord const& coord, int row0, int col0, F&& f) const {
+  // The keep bits of each value (r, c) of a (row, col) view of an accumulator
+  // in the mma layout: rows (+8, row blocks), columns (+1, 8-column blocks,
+  // ...), queries as rows. coord: that view of each value's (row, col) in the
+  // tile; row0 / col0: the tile's first query and key in the sequence. They
+  // depend on no score (the sm90 backward draws them while dP^T is computed).
+  template <class Coord>
+  CUTE_DEVICE auto keep_bits(Coord const& coord, int row0, int col0) const {
     constexpr int kRows = decltype(cute::size<0>(coord))::value;
     constexpr int kCols = decltype(cute::size<1>(coord))::value;
     static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
+    KeepBits<kRows / 2 * (kCols / 4)> bits;
     CUTE_UNROLL
     for (int m = 0; m < kRows / 2; ++m) {
       CUTE_UNROLL
@@ -86,27 +112,28 @@ struct Dropout {
         const int i = row0 + cute::get<0>(coord(2 * m, 4 * k));
         const int j = col0 + cute::get<1>(coord(2 * m, 4 * k));
         const uint4 d = draw(cell_row(i), cell_col(j));
-        const uint32_t w[4] = {kept_halves(d.x), kept_halves(d.y), kept_halves(d.z), kept_halves(d.w)};
-        CUTE_UNROLL
-        for (int r0 = 0; r0 < 2; ++r0) {
-          CUTE_UNROLL
-          for (int cc = 0; cc < 4; ++cc) {
-            const int s_ = (cc & 1) * 4 + r0 * 2 + (cc >> 1);  // slot(i + 8 r0, j + (cc & 1) + 8 (cc >> 1))
-            f(2 * m + r0, 4 * k + cc, ((w[s_ >> 1] >> (16 * (s_ & 1))) & 1u) != 0u);
-          }
-        }
+        // Word s = slot / 2 = 2 (col & 1) + (row / 8), half = (col / 8) & 1.
+        const uint32_t halves[4] = {kept_halves(d.x), kept_halves(d.y), kept_halves(d.z), kept_halves(d.w)};
+        bits.put(m * (kCols / 4) + k, halves);
       }
     }
+    return bits;
+  }
+  // Value (r, c) of that view in keep_bits' result.
+  template <int kCols, int kCells>
+  CUTE_DEVICE static bool kept(KeepBits<kCells> const& bits, int r, int c) {
+    return bits.get((r / 2) * (kCols / 4) + c / 4, 2 * (c & 1) + (r & 1), (c >> 1) & 1);
   }
 
   // The same over S^T's view (keys as rows, queries as columns): each lane
   // draws one of the two cells of a 16 x 16 block and trades half of it with
   // lane ^ 4 (key j ^ 1, the same queries). Every lane of the warp calls it.
-  template <class Coord, class F>
-  CUTE_DEVICE void for_each_transposed(Coord const& coord, int key0, int query0, F&& f) const {
+  template <class Coord>
+  CUTE_DEVICE auto keep_bits_transposed(Coord const& coord, int key0, int query0) const {
     constexpr int kRows = decltype(cute::size<0>(coord))::value;
     constexpr int kCols = decltype(cute::size<1>(coord))::value;
     static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
+    KeepBits<kRows / 2 * (kCols / 4)> bits;
     CUTE_UNROLL
     for (int m = 0; m < kRows / 2; ++m) {
       CUTE_UNROLL
@@ -119,18 +146,30 @@ struct Dropout {
         const uint32_t own0 = odd ? d.z : d.x, own1 = odd ? d.w : d.y;
         const uint32_t other0 = __shfl_xor_sync(0xffffffffu, odd ? d.x : d.z, 4);
         const uint32_t other1 = __shfl_xor_sync(0xffffffffu, odd ? d.y : d.w, 4);
-        // Queries i + 0 / 8 read cell_row(i), queries i + 1 / 9 the next.
-        const uint32_t even_q[2] = {kept_halves(odd ? other0 : own0), kept_halves(odd ? other1 : own1)};
-        const uint32_t odd_q[2] = {kept_halves(odd ? own0 : other0), kept_halves(odd ? own1 : other1)};
-        CUTE_UNROLL
-        for (int r0 = 0; r0 < 2; ++r0) {
-          CUTE_UNROLL
-          for (int cc = 0; cc < 4; ++cc) {
-            const uint32_t word = (cc & 1) ? odd_q[cc >> 1] : even_q[cc >> 1];
-            f(2 * m + r0, 4 * k + cc, ((word >> (16 * r0)) & 1u) != 0u);
-          }
-        }
+        // Queries i + 0 / 8 (columns 4 k, + 2) read cell_row(i), queries i + 1 / 9 the next;
+        // half r & 1 of a word: keys j and j + 8.
+        const uint32_t halves[4] = {kept_halves(odd ? other0 : own0), kept_halves(odd ? own0 : other0),
+                                    kept_halves(odd ? other1 : own1), kept_halves(odd ? own1 : other1)};
+        bits.put(m * (kCols / 4) + k, halves);
       }
+    }
+    return bits;
+  }
+  template <int kCols, int kCells>
+  CUTE_DEVICE static bool kept_transposed(KeepBits<kCells> const& bits, int r, int c) {
+    return bits.get((r / 2) * (kCols / 4) + c / 4, c & 3, r & 1);
+  }
+
+  // f(r, c, kept) for each value of keep_bits' view.
+  template <class Coord, class F>
+  CUTE_DEVICE void for_each(Coord const& coord, int row0, int col0, F&& f) const {
+    constexpr int kRows = decltype(cute::size<0>(coord))::value;
+    constexpr int kCols = decltype(cute::size<1>(coord))::value;
+    const auto bits = keep_bits(coord, row0, col0);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) f(r, c, kept<kCols>(bits, r, c));
     }
   }
 #endif

@@ -282,13 +282,14 @@ struct BwdMainloop {
       exponentiate();
     }
     // Dropout's draws while dP^T is still on the tensor cores, a bit per value.
-    uint32_t kept[(kRows * kCols + 31) / 32] = {};
-    if constexpr (kDropout) {
-      Dropout::of(p.dropout, batch, head_q, p.heads_q)
-          .for_each_transposed(coord, n_block * kBlockN + k0, m_block * kBlockM + q0, [&](int r, int c, bool keep) {
-            kept[(r * kCols + c) / 32] |= uint32_t(keep) << ((r * kCols + c) % 32);
-          });
-    }
+    const auto kept = [&] {
+      if constexpr (kDropout) {
+        return Dropout::of(p.dropout, batch, head_q, p.heads_q)
+            .keep_bits_transposed(coord, n_block * kBlockN + k0, m_block * kBlockM + q0);
+      } else {
+        return 0;
+      }
+    }();
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dp);
     Tensor dp = acc_rowcol(acc_dp);
@@ -298,7 +299,7 @@ struct BwdMainloop {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         if constexpr (kDropout) {
-          const bool keep = (kept[(r * kCols + c) / 32] >> ((r * kCols + c) % 32)) & 1u;
+          const bool keep = Dropout::kept_transposed<kCols>(kept, r, c);
           dp(r, c) = s(r, c) * ((keep ? dp(r, c) * p.dropout.keep_scale : 0.f) - d);
           s(r, c) = keep ? s(r, c) * p.dropout.keep_scale : 0.f;
         } else {

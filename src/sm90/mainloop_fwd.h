@@ -273,12 +273,21 @@ struct FwdMainloop {
       }
     };
     // Dropout after the row sums (which count every pair); O's 1 / (1 - p)
-    // comes with its normalisation.
+    // comes with its normalisation. Drawn before the row sums, while S = Q K^T
+    // is still on the tensor cores, the draws' registers spill (32 stores at
+    // E = 128); drawn for the next key tile at the end of a step, the next
+    // GEMMs wait for them (2-4% slower at E = 128 and 256).
+    const auto dropout = [&] {
+      if constexpr (kDropout) {
+        return Dropout::of(p.dropout, batch, head, p.heads_q);  // once: it may read the seed from memory
+      } else {
+        return 0;
+      }
+    }();
     auto drop = [&](auto& s, int n_block) {
       if constexpr (kDropout) {
-        Dropout::of(p.dropout, batch, head, p.heads_q)
-            .for_each(acc_rowcol(tScS), m_block * kBlockM, n_block * kBlockN,
-                      [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) : 0.f; });
+        dropout.for_each(acc_rowcol(tScS), m_block * kBlockM, n_block * kBlockN,
+                         [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) : 0.f; });
       }
     };
     // predicate: the walk's (KeyWalk::first, below).
