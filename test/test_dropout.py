@@ -472,3 +472,35 @@ def test_provider_serves_dropout_beside_a_window():
     ref = _math(q4.double(), k4.double(), v4.double(), kept, p, None, False, torch.float64, visible)
     base = _math(q4, k4, v4, kept, p, None, False, torch.bfloat16, visible)
     assert_within_baseline("provider window out", out.transpose(1, 2), base, ref, floor=1e-4)
+
+
+@pytest.mark.gpu
+def test_compiled_and_exported_calls_draw_as_eager():
+    """torch.compile(fullgraph=True) and torch.export of SDPA with dropout
+    inside enable(): the graphs call our dropout op, and with the same seed
+    they draw eager's mask (outputs and gradients bit for bit)."""
+    family = "sm90" if _runs_here("sm90", 64) else "sm80"
+    _need(family, 64)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+
+    def run(fn):
+        torch.manual_seed(3)
+        out = fn(q, k, v)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    with tfb.enable():
+        eager = run(Attend())
+    compiled = run(torch.compile(tfb.enable()(Attend()), fullgraph=True))
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    ep = torch.export.export(tfb.enable(strict=True)(Attend()), (q, k, v))
+    targets = {str(n.target) for n in ep.graph.nodes}
+    assert "torch_flash_backend.dropout_fwd.default" in targets, targets
+    torch.manual_seed(3)
+    assert torch.equal(ep.module()(q, k, v), eager[0])
