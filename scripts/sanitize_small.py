@@ -22,7 +22,8 @@ their extra columns padded on chip), both family passes and packed batches;
     compute-sanitizer --tool racecheck python scripts/sanitize_small.py varlen 64
 
 An argument runs that pass alone (racecheck takes minutes per pass); a second,
-for varlen, names its head dims (else the built ones, 32 and 256).
+for varlen and dropout, names its head dims (else the built ones, with 32 and 256
+for varlen, 256 for dropout).
 """
 import sys
 
@@ -301,8 +302,9 @@ def main():
         return
     if len(sys.argv) > 1 and sys.argv[1] == "dropout":  # dropout in the tiled families
         families = ["sm80"] + (["sm90"] if len(passes) > 1 else [])
-        dropout(head_dims + [256], families)
-        print(f"sanitize grid ran: dropout, head dims {head_dims + [256]}, families {families}")
+        dims = [int(e) for e in sys.argv[2].split(",")] if len(sys.argv) > 2 else head_dims + [256]
+        dropout(dims, families)
+        print(f"sanitize grid ran: dropout, head dims {dims}, families {families}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "fp8":  # the FP8 grid alone
         print(f"sanitize grid ran: fp8, head dims {fp8()}")
