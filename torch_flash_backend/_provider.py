@@ -18,7 +18,9 @@ PyTorch's kernel (one Python call on the way, a few microseconds). The provider
 overrides the other two ops (the SDPA flash ops) itself. The switch also
 fronts the FP8 (.quantized) overloads of _flash_attention_forward and
 _scaled_dot_product_flash_attention, which _fp8.py serves with the provider
-active or inside enable().
+active or inside enable(). Packed calls that pass through autograd meet
+enable() earlier, at AutogradCUDA (_install_autograd_routes), which is also
+where a compiled graph's trace sees them.
 
 Outputs take the strides of the ops' meta functions (empty_like of the inputs),
 which compiled graphs assert on; that costs a copy only when an input is not in
@@ -425,6 +427,104 @@ def _install_switch() -> torch.library.Library:
 
 
 _switch = _install_switch()
+
+
+def _serve_packed_autograd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale,
+                           window, seqused_k, strict):
+    """A packed forward inside enable() by varlen_fwd, whose autograd runs our
+    backward: ((out, lse) or None, the decision), counted in stats()."""
+    if any(isinstance(n, torch.SymInt) for n in (max_q, max_k, *query.shape, *key.shape, *value.shape)):
+        # Deciding would specialise the graph on values Dynamo keeps symbolic
+        # (nested jagged tensors' lengths): a graph error, not a decision.
+        decision = _router.Decision(False, None, "symbolic sequence lengths (a compiled graph with dynamic "
+                                                 "shapes, e.g. nested jagged tensors)")
+    else:
+        decision = _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                         is_causal, scale, window, seqused_k, pinned=strict)
+    _count(decision, False)
+    if not decision.served:
+        return None, decision
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        _count(decision, True)  # its backward is decided here too (the counts' rule, _stats.py)
+    out, lse = _ops.varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
+                               decision.family, decision.backward_family, window[0], window[1], seqused_k)
+    return (_like(out, query), lse), decision
+
+
+def _install_autograd_routes() -> torch.library.Library:
+    """enable()'s packed routing above autograd, for compiled graphs.
+
+    A compiled graph runs with autocast off (AOTAutograd bakes autocast into
+    the graph and disables it around the graph's run), so enable()'s mark is
+    out of the switch's sight when the graph's ops execute. These kernels sit
+    at AutogradCUDA, where AOTAutograd's trace meets them with the mark on: a
+    packed call enable() serves becomes varlen_fwd in the graph (its backward
+    varlen_bwd), decided once at trace time; a graph traced outside enable()
+    keeps PyTorch's op. Eager calls inside enable() take the same path; with
+    the provider active, or outside enable(), PyTorch's autograd kernel runs.
+    Covers varlen_attn (its custom op, opaque to the trace) and
+    _flash_attention_forward (SDPA on nested jagged tensors)."""
+    from torch.nn.attention import varlen  # noqa: F401  (defines torch_attn::_varlen_attn)
+
+    varlen_original = torch.library.get_kernel("torch_attn::_varlen_attn", "AutogradCUDA")
+    flash_original = torch.library.get_kernel("aten::_flash_attention_forward", "AutogradCUDA")
+
+    def strictness():
+        from . import _enable  # imports this module
+        return None if active() else _enable.routing_strictness()
+
+    def unsupported(decision):
+        from . import _enable
+        return _enable.UnsupportedError(decision.reason)
+
+    def varlen_attn(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
+                    window_size=None):
+        strict = strictness()
+        if strict is not None:
+            window = (-1, -1) if window_size is None else _window(*window_size)
+            outputs, decision = _serve_packed_autograd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                                       0.0, is_causal, scale, window, None, strict)
+            if outputs is not None:
+                return (*outputs, torch.zeros((2,), dtype=torch.uint64, device=query.device))
+            if strict:
+                raise unsupported(decision)
+        return varlen_original.call_boxed(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
+                                          scale, window_size)
+
+    def flash_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                      return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                      seqused_k=None, alibi_slopes=None):
+        kwargs = dict(scale=scale, window_size_left=window_size_left, window_size_right=window_size_right,
+                      seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+        strict = strictness() if cum_seq_q is not None or cum_seq_k is not None else None
+        if strict is not None:
+            reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
+            if reason is None:
+                window = _window(window_size_left, window_size_right)
+                outputs, decision = _serve_packed_autograd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                                                           dropout_p, is_causal, scale, window, seqused_k, strict)
+                if outputs is not None:
+                    return (*outputs, *_rng_placeholders(query))
+            else:
+                decision = _router.Decision(False, None, reason)
+                _count(decision, False)
+            if strict:
+                raise unsupported(decision)
+        return flash_original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                                         is_causal, return_debug_mask, **kwargs)
+
+    lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    varlen_lib = torch.library.Library("torch_attn", "IMPL")  # noqa: TOR901
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        lib.impl("_flash_attention_forward", flash_forward, "AutogradCUDA", with_keyset=True)
+        varlen_lib.impl("_varlen_attn", varlen_attn, "AutogradCUDA", with_keyset=True)
+    torch.ops.aten._flash_attention_forward.default._dispatch_cache.clear()
+    torch.ops.torch_attn._varlen_attn.default._dispatch_cache.clear()
+    return lib, varlen_lib
+
+
+_autograd_routes = _install_autograd_routes()
 
 
 def register() -> ProviderHandle:
