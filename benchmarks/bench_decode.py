@@ -4,6 +4,7 @@
     python benchmarks/bench_decode.py --batch 8 --lens 1024,65536 --queries 1
     python benchmarks/bench_decode.py --mask cache --used 0.5 --heads 16,16   # a static cache's mask
     python benchmarks/bench_decode.py --batch 8 --lens 1024 --queries 1 --profile   # kernels per call
+    python benchmarks/bench_decode.py --packed        # packed batches (varlen), a table of their own
 
 bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
 the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask, or with
@@ -14,6 +15,11 @@ backend's call is captured ten times in a CUDA graph and the graph replayed, so
 the times are the GPU's alone (a decode step's attention takes microseconds,
 less than the host needs to issue it; generation loops replay graphs too).
 Backends take turns, one replay each per round; medians.
+
+--packed: the batch as one packed variable-length batch (q (B·L, Hq, E), K/V
+(ΣS_b, Hkv, E), int32 offsets), key lengths drawn in [S/2, S]: our decode
+family's varlen_fwd, the tiled family's varlen_fwd (sm90 on Hopper, else
+sm80) and PyTorch's varlen_attn, causal (bottom-right, as a decode step is).
 
 Columns: µs per call; TB/s of K and V read once (2·B·Hkv·S·E·2 bytes; with a
 mask, of the keys in use alone) for the
@@ -127,8 +133,46 @@ def print_breakdown(graphs):
         print(f"    {name}: span {span:.1f} µs per call; kernels µs per call: {parts}", flush=True)
 
 
+def packed_rows(args, hq, hkv):
+    """--packed: the table of packed batches."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    tiled = "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80"
+    names = ("decode", tiled, "varlen_attn")
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, packed, causal")
+    print("| B | L | S (max) | E | " + " | ".join(f"{n} µs" for n in names) + " | decode TB/s | varlen_attn / decode |")
+    print("|" + "---|" * (len(names) + 6))
+    gen = torch.Generator().manual_seed(0)
+    for e in map(int, args.head_dims.split(",")):
+        for b in map(int, args.batch.split(",")):
+            for length in map(int, args.queries.split(",")):
+                for s in map(int, args.lens.split(",")):
+                    lens_k = torch.randint(s // 2, s + 1, (b,), generator=gen).tolist()
+                    if 2 * sum(lens_k) * hkv * e * 2 > args.max_gb * 1e9:
+                        continue
+                    offsets = [torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
+                                            device="cuda") for n in ([length] * b, lens_k)]
+                    q = torch.randn(b * length, hq, e, device="cuda", dtype=torch.bfloat16)
+                    k, v = (torch.randn(sum(lens_k), hkv, e, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                    ours = lambda fam: lambda: torch.ops.torch_flash_backend.varlen_fwd(
+                        q, k, v, *offsets, length, max(lens_k), None, True, fam)[0]
+                    calls = {"decode": ours("decode"), tiled: ours(tiled),
+                             "varlen_attn": lambda: varlen_attn(q, k, v, *offsets, length, max(lens_k),
+                                                                window_size=(-1, 0))}
+                    graphs = {n: graph_of(c) for n, c in calls.items()}
+                    us = time_graphs({n: g for n, g in graphs.items() if g is not None}, args.rounds)
+                    cells = [f"{us[n]:.1f}" if n in us else "-" for n in names]
+                    decode = us.get("decode")
+                    cells.append(f"{2 * sum(lens_k) * hkv * e * 2 / (decode * 1e-6) / 1e12:.2f}" if decode else "-")
+                    cells.append(f"{us['varlen_attn'] / decode:.2f}" if decode and "varlen_attn" in us else "-")
+                    print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
+                    del graphs, q, k, v
+                    torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--packed", action="store_true", help="packed batches (varlen_fwd, varlen_attn)")
     parser.add_argument("--batch", default="1,8,64")
     parser.add_argument("--lens", default="1024,4096,16384,65536", help="cache lengths S")
     parser.add_argument("--queries", default="1,4,16", help="query lengths L")
@@ -142,6 +186,8 @@ def main():
                         help="after each row, each backend's kernels per call (the profiler's µs) and their span")
     args = parser.parse_args()
     hq, hkv = map(int, args.heads.split(","))
+    if args.packed:
+        return packed_rows(args, hq, hkv)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, mask {args.mask}"
           + (f" (cache in use: {args.used:.0%})" if args.mask == "cache" else ""))
     print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in BACKENDS) + " | decode TB/s | best PyTorch TB/s | "

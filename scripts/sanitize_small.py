@@ -13,7 +13,8 @@ The sm80 pass also runs the decode family's grid (split-KV, short queries);
 "decode" runs that grid alone, head dim 256 included; "masks" the tiled
 families' masks (boolean and additive), forward and backward; "windows" their
 bands with a left edge (sliding windows), forward and backward; "varlen"
-packed variable-length batches, forward and backward, wrong offsets among them;
+packed variable-length batches, forward and backward, wrong offsets among them
+(the decode family's short packed queries too);
 "headdims" head dims between the built ones (run on the next larger kernel,
 their extra columns padded on chip), both family passes and packed batches;
 "dropout" the dropout ops in each tiled family.
@@ -223,7 +224,26 @@ def varlen(head_dims):
                 out, lse = ops.varlen_fwd(q, k, v, bad_q, bad_k, max_q, max(lens_k), None, True, family)
                 ops.varlen_bwd(torch.ones_like(out), q, k, v, out, lse, bad_q, bad_k, max_q, max(lens_k), None,
                                True, family)
+        if any(k.family == "decode" and k.seqlens for k in _router.probe.kernels()):
+            packed_short(q, k, v, cu[1], lens_k)
     torch.cuda.synchronize()
+
+
+def packed_short(q, k, v, cu_k, lens_k):
+    """The decode family's packed batches (queries of 16 tokens or fewer per
+    sequence, empty ones among them): with and without seqused_k (one past its
+    sequence's keys), causal or not, and with wrong offsets."""
+    lens_q = [0, 16, 1, 5, 0, 16, 2, 0]
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    used = torch.tensor([min(n, 40) for n in lens_k], dtype=torch.int32, device="cuda")
+    used[3] = lens_k[3] + 7  # past the sequence: clamped to the keys there are
+    for causal in (False, True):
+        for seqused in (None, used):
+            ops.varlen_fwd(q, k, v, cu_q, cu_k, 16, max(lens_k), None, causal, "decode", None, -1, -1, seqused)
+    total = sum(lens_q)
+    for bad_q, bad_k in ((cu_q, cu_k + 5000), (cu_q.flip(0), cu_k), (cu_q - 100, cu_k * 3),
+                         (torch.tensor([0, total] * 4 + [total], dtype=torch.int32, device="cuda"), cu_k)):
+        ops.varlen_fwd(q, k, v, bad_q, bad_k, 16, max(lens_k), None, True, "decode")
 
 
 def fp8():
