@@ -162,6 +162,24 @@ def _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+@pytest.mark.parametrize("is_causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (200, 0))],
+                         ids=lambda c: str(c))
+def test_cuda_long_sequence_among_many_short(is_causal, window, family):
+    """One 1500-token sequence among 90 short and empty ones (the backward's
+    row kernels find each block's sequence by a search over the offsets):
+    output and gradients within twice bf16 math's error against float64."""
+    _cuda(family)
+    g = torch.Generator().manual_seed(11)
+    lens = [int(n) for n in torch.randint(0, 90, (90,), generator=g)]
+    lens[5:8] = [0, 0, 0]
+    lens.insert(40, 1500)
+    q, k, v, cu_q, cu_k = packed(lens, lens, hq=4, hkv=2, e=64, dtype=torch.bfloat16, seed=12)
+    ours = _cuda_grads(q, k, v, cu_q, cu_k, is_causal, window, family, family)
+    _check_grads(ours, q, k, v, cu_q, cu_k, is_causal, window)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("family,head_dim", FAMILY_CASES, ids=lambda c: str(c))
 @pytest.mark.parametrize("is_causal,window", CASES, ids=lambda c: str(c))
 def test_cuda_backward_matches_float64(is_causal, window, family, head_dim):

@@ -32,13 +32,10 @@ template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
     bwd_preprocess_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
   using Cfg = BwdPreprocess<Element, kHeadDim>;
-  int head, batch;
-  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
-  const int row0 = blockIdx.x * Cfg::kBlockRows;
+  int head, batch, row0;
+  if (!locate_row_block<Cfg::kBlockRows>(p, head, batch, row0)) return;
   const int len_q = p.seqlen_q(batch);
-  // The grid covers the longest sequence; a packed batch's shorter ones own
-  // fewer padded rows, and the next sequence's follow them.
-  if (row0 >= padded_len_q(len_q)) return;
+  if (row0 >= padded_len_q(len_q)) return;  // uniform lengths: the grid covers every padded row
   const int64_t stat0 = ws.row0(batch, head, p.heads_q) + row0;
   const float* lse = p.lse + p.lse_offset(batch, head);
 
@@ -78,7 +75,7 @@ __global__ void __launch_bounds__(BwdPreprocess<Element, kHeadDim>::kThreads)
 template <typename Element, int kHeadDim>
 cudaError_t launch_bwd_preprocess(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   using Cfg = BwdPreprocess<Element, kHeadDim>;
-  const dim3 grid = HeadBatchGrid::make(ws.len_q_pad / Cfg::kBlockRows, p.heads_q, p.batch);
+  const dim3 grid = row_blocks_grid(p, Cfg::kBlockRows, ws.len_q_pad / Cfg::kBlockRows);
   bwd_preprocess_kernel<Element, kHeadDim><<<grid, Cfg::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }

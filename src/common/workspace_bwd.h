@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "params.h"
+#include "common/grid.h"
 
 namespace tfb {
 
@@ -63,6 +64,43 @@ struct BwdWorkspace {
   }
   TFB_PARAMS_HD int64_t head_stride() const { return seqlens.cu_q ? head_rows : len_q_pad; }
 };
+
+// The grid of a kernel that walks each head's query rows in blocks of kRows
+// (the preprocess, the dQ converts): uniform lengths, (blocks of the longest
+// sequence, q heads, batch); a packed batch, (blocks of a head's workspace
+// rows, q heads): a grid over the longest sequence for every sequence was
+// mostly CTAs that return at once (one 32K document among 108 short ones:
+// 1.8M CTAs, 1.2 ms in each of the two kernels).
+inline dim3 row_blocks_grid(const AttnBwdParams& p, int rows, int64_t uniform_blocks) {
+  if (p.seqlens.cu_q) return HeadBatchGrid::make(unsigned(packed_head_rows(p) / rows), p.heads_q, 1);
+  return HeadBatchGrid::make(unsigned(uniform_blocks), p.heads_q, p.batch);
+}
+
+// row_blocks_grid's CTA: its q head, sequence and first row there; false for
+// none (rows between a packed batch's sequences, the last z slice's surplus).
+// A packed batch's sequence is the last whose workspace rows start at or
+// before the block's (packed_row0 grows with b; with wrong offsets the row
+// found still lies inside the arrays).
+template <int kRows>
+CUTE_DEVICE bool locate_row_block(const AttnBwdParams& p, int& head, int& batch, int& row0) {
+  static_assert(kBwdRowPad % kRows == 0, "a block never straddles two sequences' rows");
+  if (!p.seqlens.cu_q) {
+    row0 = int(blockIdx.x) * kRows;
+    return HeadBatchGrid::locate(p.heads_q, p.batch, head, batch);
+  }
+  int unused;
+  if (!HeadBatchGrid::locate(p.heads_q, 1, head, unused)) return false;
+  const int64_t row = int64_t(blockIdx.x) * kRows;
+  int lo = 0, hi = p.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (packed_row0(p.seqlens, mid) <= row) lo = mid; else hi = mid - 1;
+  }
+  batch = lo;
+  const int64_t within = row - packed_row0(p.seqlens, lo);
+  row0 = int(within);
+  return within >= 0 && within < padded_len_q(p.seqlen_q(lo));
+}
 
 inline size_t bwd_rows_total(const AttnBwdParams& p) {
   if (p.seqlens.cu_q) return static_cast<size_t>(p.heads_q) * packed_head_rows(p);

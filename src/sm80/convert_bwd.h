@@ -17,7 +17,7 @@
 
 namespace tfb::sm80::bwd {
 
-// One CTA per (query block, q head, batch). The accumulator slice is in dQ
+// One CTA per query block of a q head (workspace_bwd.h row_blocks_grid). The accumulator slice is in dQ
 // MMA-fragment order (see BwdTraits), so each thread reads back exactly the
 // fragment the main kernel added, and writes it through shared memory as rows.
 template <class Traits>
@@ -26,11 +26,10 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
   constexpr int kM = Traits::kBlockM, kE = Traits::kHeadDim;
   __shared__ __align__(128) Element smem[kM * kE];
   const int tid = threadIdx.x;
-  int head, batch;
-  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
-  const int m0 = blockIdx.x * kM;
+  int head, batch, m0;
+  if (!locate_row_block<kM>(p, head, batch, m0)) return;
   const int len_q = p.seqlen_q(batch);
-  if (m0 >= len_q) return;  // the grid covers the longest sequence
+  if (m0 >= len_q) return;  // a block of padded rows alone
   const float* mine = ws.dq_accum + (ws.row0(batch, head, p.heads_q) + m0) * kE + tid;
 
   Tensor acc = partition_fragment_C(typename Traits::TiledMmadQ{}, Shape<Int<kM>, Int<kE>>{});
@@ -57,7 +56,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_convert_dq_kernel(const 
 
 template <class Traits>
 cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  const dim3 grid = HeadBatchGrid::make((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  const dim3 grid = row_blocks_grid(p, Traits::kBlockM, (p.len_q + Traits::kBlockM - 1) / Traits::kBlockM);
   bwd_convert_dq_kernel<Traits><<<grid, Traits::kThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }

@@ -62,17 +62,15 @@ CUTE_DEVICE void stage_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws, 
   }
 }
 
-// One CTA per (query tile, q head, batch), a thread per consumer thread.
+// One CTA per query tile of a q head (workspace_bwd.h row_blocks_grid), a thread per consumer thread.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kConsumerThreads)
     bwd_convert_dq_kernel(const AttnBwdParams p, const BwdWorkspace ws) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   __shared__ DqStage<Traits> stage;
-  int head, batch;
-  if (!HeadBatchGrid::locate(p.heads_q, p.batch, head, batch)) return;
-  const int m0 = blockIdx.x * Traits::kBlockM;
-  // A packed batch's grid spans the longest sequence; a shorter one's tiles past its end return.
+  int head, batch, m0;
+  if (!locate_row_block<Traits::kBlockM>(p, head, batch, m0)) return;
   const int rows = min(Traits::kBlockM, p.seqlen_q(batch) - m0);
   if (rows <= 0) return;
   float const* tile = ws.dq_accum + (ws.row0(batch, head, p.heads_q) + m0) * kHeadDim;
@@ -108,7 +106,7 @@ __global__ void __launch_bounds__(Traits::kConsumerThreads)
 
 template <class Traits>
 cudaError_t launch_convert_dq(const AttnBwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  const dim3 grid = HeadBatchGrid::make((p.len_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+  const dim3 grid = row_blocks_grid(p, Traits::kBlockM, (p.len_q + Traits::kBlockM - 1) / Traits::kBlockM);
   bwd_convert_dq_kernel<Traits><<<grid, Traits::kConsumerThreads, 0, stream>>>(p, ws);
   return cudaGetLastError();
 }
