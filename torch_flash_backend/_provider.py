@@ -448,10 +448,11 @@ def _serve_packed_autograd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k
         _count(decision, True)  # its backward is decided here too (the counts' rule, _stats.py)
     out, lse = _ops.varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
                                decision.family, decision.backward_family, window[0], window[1], seqused_k)
+    _remember_served(lse)  # a backward reaching the switch (PyTorch's autograd above this call) runs ours
     return (_like(out, query), lse), decision
 
 
-def _install_autograd_routes() -> torch.library.Library:
+def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Library]:
     """enable()'s packed routing above autograd, for compiled graphs.
 
     A compiled graph runs with autocast off (AOTAutograd bakes autocast into
