@@ -140,7 +140,8 @@ def packed_rows(args, hq, hkv):
     tiled = "sm90" if torch.cuda.get_device_capability() == (9, 0) else "sm80"
     names = ("decode", tiled, "varlen_attn")
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, packed, causal")
-    print("| B | L | S (max) | E | " + " | ".join(f"{n} µs" for n in names) + " | decode TB/s | varlen_attn / decode |")
+    print("| B | L | S (max) | E | " + " | ".join(f"{n} µs" for n in names)
+          + " | decode TB/s | varlen_attn / decode |")
     print("|" + "---|" * (len(names) + 6))
     gen = torch.Generator().manual_seed(0)
     for e in map(int, args.head_dims.split(",")):

@@ -91,7 +91,8 @@ FAMILIES = (
         wide_mma=(("fwd", 256),),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
-        # Packed batches: both passes take their tiles from a list (the deterministic backward: a grid over the longest sequence's key tiles).
+        # Packed batches: both passes take their tiles from a list (the deterministic
+        # backward: a grid over the longest sequence's key tiles).
         stride0_ok=False, align_bytes=16, masks=("fwd", "bwd"), additive_masks=("fwd",), windows=("fwd", "bwd"),
         seqlens=("fwd", "bwd"), pads=("fwd", "bwd"), dropout=("fwd", "bwd"), fp8_head_dims=(64, 128, 256),
         doc="Hopper: TMA, wgmma, warp specialisation; forward and backward; reads attn_mask (the backward a boolean one)",
