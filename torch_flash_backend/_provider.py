@@ -147,22 +147,32 @@ def served_forward_of(lse: torch.Tensor) -> bool:
 
 def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                          return_debug_mask, scale=None, window_size_left=None, window_size_right=None,
-                         seqused_k=None, alibi_slopes=None, pinned=False):
+                         seqused_k=None, alibi_slopes=None, pinned=False, autograd=False):
     """PyTorch's flash forward on a packed batch (cum_seq_q / cum_seq_k; (total,
     H, E) tensors, causal and windows bottom-right per sequence) by our kernels:
     (the op's outputs or None, the decision), counted in stats() and logged.
-    pinned: any family that can (strict enable()), not only where ours are faster."""
+    pinned: any family that can (strict enable()), not only where ours are faster.
+    autograd: called above autograd (_install_autograd_routes), so varlen_fwd's
+    own autograd runs our backward, decided and counted here with the forward."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
+    if reason is None and any(isinstance(n, torch.SymInt) for n in (max_q, max_k, *query.shape, *key.shape)):
+        # Deciding would specialise the graph on values Dynamo keeps symbolic
+        # (nested jagged tensors' lengths): a graph error, not a decision.
+        reason = "symbolic sequence lengths (a compiled graph with dynamic shapes, e.g. nested jagged tensors)"
     window = _window(window_size_left, window_size_right)
     decision = (_router.Decision(False, None, reason) if reason is not None else
                 _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
-                                      scale, window, seqused_k, needs_grad=False, pinned=pinned))
+                                      scale, window, seqused_k, needs_grad=None if autograd else False,
+                                      pinned=pinned))
     _count(decision, False)
     if not decision.served:
         return None, decision
+    if autograd and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        _count(decision, True)  # its backward is decided here too (the counts' rule, _stats.py)
     out, lse = _ops.varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
-                               decision.family, None, window[0], window[1], seqused_k)
-    _remember_served(lse)
+                               decision.family, decision.backward_family if autograd else None, window[0],
+                               window[1], seqused_k)
+    _remember_served(lse)  # a backward reaching the switch runs ours
     return (_like(out, query), lse, *_rng_placeholders(query)), decision
 
 
@@ -429,29 +439,6 @@ def _install_switch() -> torch.library.Library:
 _switch = _install_switch()
 
 
-def _serve_packed_autograd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, scale,
-                           window, seqused_k, strict):
-    """A packed forward inside enable() by varlen_fwd, whose autograd runs our
-    backward: ((out, lse) or None, the decision), counted in stats()."""
-    if any(isinstance(n, torch.SymInt) for n in (max_q, max_k, *query.shape, *key.shape, *value.shape)):
-        # Deciding would specialise the graph on values Dynamo keeps symbolic
-        # (nested jagged tensors' lengths): a graph error, not a decision.
-        decision = _router.Decision(False, None, "symbolic sequence lengths (a compiled graph with dynamic "
-                                                 "shapes, e.g. nested jagged tensors)")
-    else:
-        decision = _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
-                                         is_causal, scale, window, seqused_k, pinned=strict)
-    _count(decision, False)
-    if not decision.served:
-        return None, decision
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        _count(decision, True)  # its backward is decided here too (the counts' rule, _stats.py)
-    out, lse = _ops.varlen_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale, is_causal,
-                               decision.family, decision.backward_family, window[0], window[1], seqused_k)
-    _remember_served(lse)  # a backward reaching the switch (PyTorch's autograd above this call) runs ours
-    return (_like(out, query), lse), decision
-
-
 def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Library]:
     """enable()'s packed routing above autograd, for compiled graphs.
 
@@ -482,11 +469,12 @@ def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Lib
                     window_size=None):
         strict = strictness()
         if strict is not None:
-            window = (-1, -1) if window_size is None else _window(*window_size)
-            outputs, decision = _serve_packed_autograd(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
-                                                       0.0, is_causal, scale, window, None, strict)
+            left, right = (None, None) if window_size is None else window_size
+            outputs, decision = serve_packed_forward(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, 0.0,
+                                                     is_causal, False, scale, left, right, pinned=strict,
+                                                     autograd=True)
             if outputs is not None:
-                return (*outputs, torch.zeros((2,), dtype=torch.uint64, device=query.device))
+                return outputs[0], outputs[1], outputs[2]  # out, lse, rng_state as varlen_attn's op gives them
             if strict:
                 raise unsupported(decision)
         return varlen_original.call_boxed(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
@@ -499,16 +487,11 @@ def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Lib
                       seqused_k=seqused_k, alibi_slopes=alibi_slopes)
         strict = strictness() if cum_seq_q is not None or cum_seq_k is not None else None
         if strict is not None:
-            reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
-            if reason is None:
-                window = _window(window_size_left, window_size_right)
-                outputs, decision = _serve_packed_autograd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
-                                                           dropout_p, is_causal, scale, window, seqused_k, strict)
-                if outputs is not None:
-                    return (*outputs, *_rng_placeholders(query))
-            else:
-                decision = _router.Decision(False, None, reason)
-                _count(decision, False)
+            outputs, decision = serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                                                     dropout_p, is_causal, return_debug_mask, **kwargs,
+                                                     pinned=strict, autograd=True)
+            if outputs is not None:
+                return outputs
             if strict:
                 raise unsupported(decision)
         return flash_original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
