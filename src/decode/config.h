@@ -28,9 +28,13 @@ constexpr int kMaxSplits = 128;
 constexpr unsigned kPartlyHidden = 0x8000;
 
 // Shared memory of one CTA: Q (its 16 rows), then each warp's ring of K and V
-// tiles. Rows are padded by 16 bytes so that the eight rows an ldmatrix reads
-// start in different banks.
-constexpr size_t smem_row_elems(int head_dim) { return size_t(head_dim) + 8; }
+// tiles. The eight rows an ldmatrix reads must start in different banks: rows
+// of whole 128-byte lines (head dims 64, 128, 192, 256) are stored unpadded
+// with their 16-byte chunks permuted (kernel_fwd.h, Smem), so that each line
+// of K and V lands on one aligned line of shared memory and is fetched by one
+// L2 request; other rows are padded by 16 bytes.
+constexpr bool smem_swizzled(int head_dim) { return head_dim % 64 == 0; }
+constexpr size_t smem_row_elems(int head_dim) { return size_t(head_dim) + (smem_swizzled(head_dim) ? 0 : 8); }
 constexpr size_t smem_bytes(int head_dim) {
   return (kTileRows + size_t(kWarps) * kStages * 2 * kTileKeys) * smem_row_elems(head_dim) * 2;
 }

@@ -41,18 +41,22 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // 16 bytes global -> shared, or zeros when !valid (src is then not read).
-// Through L1 (.ca): the L1 merges a warp's sixteen-byte pieces into whole-line
-// L2 requests, where the L1-bypassing .cg sent 2.6 times as many requests and
-// read half the bytes from L2 twice (ncu: 11.0M against 4.2M requests at
-// B 8, S 16K), 6% of the time at long caches (benchmarks/history/2026-11-v9-v27.md, v19). The zeros are
-// plain stores: the same lane writes the same chunk of a stage every tile, and
-// a stage is refilled only after its last copies landed.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+// Past L1 (.cg): a 128-byte line whose chunks land on one aligned line of
+// shared memory (config.h's row layout) is one L2 request. At B 8, S 64K (ncu,
+// benchmarks/history/2026-11-29-decode-loads.md) the L1-allocating .ca reached
+// 81% of DRAM bandwidth; .cg into 16-byte-padded rows, whose lines straddle
+// two shared lines, 85% with 2.6 times the L2 requests; .cg into aligned rows
+// 94.5%. The zeros are plain stores: the same lane writes the same chunk of a
+// stage every tile, and a stage is refilled only after its last copies landed.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   if (valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   } else {
-    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
   }
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  cp_async_16(smem_addr(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -157,6 +161,12 @@ struct Smem {
   static constexpr int kQElems = kTileRows * kRowElems;
   static constexpr int kWarpElems = kStages * 2 * kTileElems;  // K and V per stage
   static_assert(size_t(kQElems + kWarps * kWarpElems) * 2 == smem_bytes(kE), "the layout is smem_bytes'");
+  // Element offset of 16-byte chunk c of row r (of a tile, or of Q): in an
+  // unpadded row, chunk c lies at c ^ (r % 8), so that the eight rows an
+  // ldmatrix reads (r to r + 7, one chunk each) fall in different banks.
+  static __device__ __forceinline__ int at(int r, int c) {
+    return r * kRowElems + (smem_swizzled(kE) ? c ^ (r & 7) : c) * 8;
+  }
 };
 
 template <class Element, int kE, bool kMasked>
@@ -192,13 +202,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
                                       int64_t(rows.position(r)) * p.q_row_stride
                                 : 0) +
                          c * 8;
-    cp_async_16(q_smem + (r - row0) * S::kRowElems + c * 8, src, valid);
+    cp_async_16(q_smem + S::at(r - row0, c), src, valid);
   }
   cp_async_commit();
 
   // The thread's two rows (g, g + 8) of the mma tiles, and its columns' offset.
   const int g = lane / 4, pair = 2 * (lane % 4);
-  const int key_end_row[2] = {band.key_end(rows.position(row0 + g)), band.key_end(rows.position(row0 + g + 8))};
+  // Keys past live_end score -inf in the thread's rows: the split's end or the row's causal end.
+  const int live_end[2] = {min(split_end, band.key_end(rows.position(row0 + g))),
+                           min(split_end, band.key_end(rows.position(row0 + g + 8)))};
   // Row r's mask row; null past the call's rows.
   auto mask_row = [&](int r) -> const uint8_t* {
     if (r >= rows.count) return nullptr;
@@ -253,18 +265,36 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   auto k_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems; };
   auto v_tile = [&](int stage) { return ring + stage * 2 * S::kTileElems + S::kTileElems; };
   // Tile t's 16 K rows and 16 V rows, keys past the split's end as zeros (a
-  // zero V row keeps P V finite where P is 0).
+  // zero V row keeps P V finite where P is 0). A lane copies one 16-byte
+  // column chunk of every kLoadRows-th row (lanes past kLoadRows * kChunks
+  // idle), so that a full tile's loads are copies and pointer steps alone (a
+  // lane-strided sweep's per-chunk row arithmetic took 339 of the loop's 563
+  // instructions a tile at E 128).
+  constexpr int kLoadRows = 32 / kChunks;
+  static_assert(kLoadRows >= 1 && kTileKeys % kLoadRows == 0, "a tile is whole passes of the warp");
+  const int load_row = lane / kChunks, load_chunk = lane % kChunks, load_col = load_chunk * 8;
+  const int64_t k_pass = int64_t(kLoadRows) * p.k_row_stride, v_pass = int64_t(kLoadRows) * p.v_row_stride;
   auto load = [&](int t) {
-    const int key0 = tile_key0(t);
-    Element* const ks = k_tile(t % S::kStages);
-    Element* const vs = v_tile(t % S::kStages);
+    if (load_row >= kLoadRows) return;
+    const int key0 = tile_key0(t) + load_row;
+    // Shared addresses as 32-bit numbers, so that each row's offset is an immediate.
+    const uint32_t ks = smem_addr(k_tile(t % S::kStages)), vs = smem_addr(v_tile(t % S::kStages));
+    auto dst = [&](int j) { return uint32_t(S::at(load_row + j * kLoadRows, load_chunk) * sizeof(Element)); };
+    const Element* kg = k_head + int64_t(key0) * p.k_row_stride + load_col;
+    const Element* vg = v_head + int64_t(key0) * p.v_row_stride + load_col;
+    if (key0 - load_row + kTileKeys <= split_end) {  // the warp's tile is whole
 #pragma unroll
-    for (int i = lane; i < kTileKeys * kChunks; i += 32) {
-      const int key = i / kChunks, c = i % kChunks;
-      const bool valid = key0 + key < split_end;
-      const int64_t row = valid ? key0 + key : split_begin;
-      cp_async_16(ks + key * S::kRowElems + c * 8, k_head + row * p.k_row_stride + c * 8, valid);
-      cp_async_16(vs + key * S::kRowElems + c * 8, v_head + row * p.v_row_stride + c * 8, valid);
+      for (int j = 0; j < kTileKeys / kLoadRows; ++j, kg += k_pass, vg += v_pass) {
+        cp_async_16(ks + dst(j), kg, true);
+        cp_async_16(vs + dst(j), vg, true);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kTileKeys / kLoadRows; ++j, kg += k_pass, vg += v_pass) {
+        const bool valid = key0 + j * kLoadRows < split_end;
+        cp_async_16(ks + dst(j), kg, valid);
+        cp_async_16(vs + dst(j), vg, valid);
+      }
     }
   };
 #pragma unroll
@@ -279,10 +309,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // l: this thread's columns only
   const uint8_t* const my_mask_rows[2] = {kMasked ? mask_row(row0 + g) : nullptr,
                                           kMasked ? mask_row(row0 + g + 8) : nullptr};
-  // ldmatrix addresses: lane i names row i % 16 (A) or the matching K/V row.
-  const Element* q_frag = q_smem + (lane % 16) * S::kRowElems + (lane / 16) * 8;
-  const int k_row = (lane % 8) + (lane / 16) * 8, k_col = ((lane / 8) % 2) * 8;
-  const int v_row = (lane % 8) + ((lane / 8) % 2) * 8, v_col = (lane / 16) * 8;
+  // ldmatrix addresses: lane i names row i % 16 (A) or the matching K/V row,
+  // and the first of the two chunks its x4 load covers.
+  const int q_row = lane % 16, q_chunk = lane / 16;
+  const int k_row = (lane % 8) + (lane / 16) * 8, k_chunk = (lane / 8) % 2;
+  const int v_row = (lane % 8) + ((lane / 8) % 2) * 8, v_chunk = lane / 16;
 
   cp_async_wait<S::kStages - 1>();  // Q's group, the first committed
   __syncthreads();                   // Q came through every warp's lanes
@@ -334,21 +365,22 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
     for (int kk = 0; kk < kE / 16; ++kk) {
       uint32_t a[4], b[4];
-      ldmatrix_x4(a, q_frag + kk * 16);
-      ldmatrix_x4(b, ks + k_row * S::kRowElems + kk * 16 + k_col);
+      ldmatrix_x4(a, q_smem + S::at(q_row, 2 * kk + q_chunk));
+      ldmatrix_x4(b, ks + S::at(k_row, 2 * kk + k_chunk));
       mma<Element>(s[0], a, b[0], b[1]);
       mma<Element>(s[1], a, b[2], b[3]);
     }
 
     // Online softmax, in log2 units; keys past the split's end or the row's
     // causal end, or hidden by the mask, score -inf.
+    float correction[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // row g, then g + 8
       float x[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int key = key0 + (j / 2) * 8 + pair + j % 2;
-        const bool live = key < split_end && key < key_end_row[h] && bias[h][j] != -INFINITY;
+        const bool live = key < live_end[h] && bias[h][j] != -INFINITY;
         const float score = s[j / 2][2 * h + j % 2];
         const float scaled = replaced >> (4 * h + j) & 1 ? bias[h][j] : fmaf(score, p.scale_log2, bias[h][j]);
         x[j] = live ? scaled : -INFINITY;
@@ -358,7 +390,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float m_new = fmaxf(m[h], tile_max);
       const float ref = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: weights stay 0
-      const float correction = exp2f(m[h] - ref);
+      correction[h] = exp2f(m[h] - ref);
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -366,13 +398,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
         sum += x[j];
         s[j / 2][2 * h + j % 2] = x[j];
       }
-      l[h] = l[h] * correction + sum;
+      l[h] = l[h] * correction[h] + sum;
       m[h] = m_new;
+    }
 #pragma unroll
-      for (int n = 0; n < kNBlocks; ++n) {
-        o[n][2 * h] *= correction;
-        o[n][2 * h + 1] *= correction;
-      }
+    for (int n = 0; n < kNBlocks; ++n) {
+      o[n][0] *= correction[0];
+      o[n][1] *= correction[0];
+      o[n][2] *= correction[1];
+      o[n][3] *= correction[1];
     }
 
     // O += P V: P's accumulator layout is the A operand of one k16 step.
@@ -381,7 +415,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 #pragma unroll
     for (int n = 0; n < kNBlocks; n += 2) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, vs + v_row * S::kRowElems + n * 8 + v_col);
+      ldmatrix_x4_trans(b, vs + S::at(v_row, n + v_chunk));
       mma<Element>(o[n], a, b[0], b[1]);
       mma<Element>(o[n + 1], a, b[2], b[3]);
     }
