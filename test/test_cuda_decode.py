@@ -131,6 +131,24 @@ def test_deterministic():
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
 
 
+def test_enable_serves_single_tokens_at_head_dim_256():
+    """enable() (route_single_tokens off) serves a one-token step at head dim 256
+    against 32 MiB of K and V or more, where the decode kernel is the faster,
+    and leaves a smaller cache to PyTorch's SDPA."""
+    require(torch.bfloat16, 256)
+    q = make_q(1, 32, 1, 256, torch.bfloat16)
+    k, v = (make_kv(1, 8, 4096, 256, torch.bfloat16, "cache") for _ in range(2))
+    assert tfb.explain(q, k, v, enable_gqa=True).kernel == "decode_fwd_bf16_hdim256"
+
+    def step():
+        with tfb.enable():
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert testing.launched_families(step) == {"decode"}
+    assert_within_baseline("enable() E 256", step(), F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                           attention_ref(q, k, v)[0])
+    assert not tfb.explain(q, k[:, :, :1024], v[:, :, :1024], enable_gqa=True).served
+
+
 @pytest.fixture
 def routed_short(monkeypatch):
     """enable() routing one-token queries to the decode family too (off by

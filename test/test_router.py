@@ -196,6 +196,12 @@ def test_short_query_served_by_decode(fake, monkeypatch):
         assert tfb.explain(*qkv(length=1, s=1000), strict=True).kernel == "decode_fwd_bf16_hdim64"
         assert tfb.explain(*qkv(length=2, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert _router.pinned_families(*qkv(length=1)) == ("decode", None)  # flash_attn: any family that can
+        # Head dim 256 against 32 MiB of K and V or more: the decode kernel is the faster, and serves.
+        big = qkv(b=1, hq=32, hkv=8, length=1, s=4096, e=256)
+        assert tfb.explain(*big, enable_gqa=True).kernel == "decode_fwd_bf16_hdim256"
+        assert reason(*qkv(b=1, hq=32, hkv=8, length=1, s=4095, e=256), enable_gqa=True) == _router.DECODE_SLOWER_REASON
+        mask = torch.ones(1, 1, 1, 4096, dtype=torch.bool, device="cuda")
+        assert reason(*big, attn_mask=mask, enable_gqa=True) == _router.DECODE_SLOWER_REASON
         monkeypatch.setattr(_router.probe, "route_single_tokens", True)
         assert tfb.explain(*qkv(length=1, s=1000)).kernel == "decode_fwd_bf16_hdim64"
         assert tfb.explain(*qkv(hq=16, hkv=4, length=4, s=300), enable_gqa=True).kernel == "decode_fwd_bf16_hdim64"

@@ -28,13 +28,14 @@ MIN_QUERY_LEN = 17
 
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
-# Measured on an H100 and an H200 (benchmarks/RESULTS.md, "Decode"), the decode family beats
-# PyTorch's SDPA from two query tokens up (1.8-9x at four) but not on one (0.74-0.97x):
-# enable() leaves single tokens to PyTorch (the default of
-# probe.route_single_tokens), with a boolean mask too (cuDNN reads a fully used
-# cache's mask 5-12% faster: benchmarks/history/2026-11-v9-v27.md, v16).
-# flash_attn and the ops (family="decode" or None) run it.
+# Measured on an H200 (benchmarks/RESULTS.md, "Decode"), the decode family beats PyTorch's
+# SDPA from two query tokens up (1.8-9x at four); on one it is level at head dims 64 and 128
+# (0.82-1.08x) and ahead at 256 once K and V hold SINGLE_TOKEN_MIN_BYTES (1.13-1.41x; 0.63-1.02x
+# below). enable() serves those single tokens alone (probe.route_single_tokens: all of them),
+# none with a boolean mask (cuDNN reads a fully used cache's mask 5-12% faster:
+# benchmarks/history/2026-11-v9-v27.md, v16). flash_attn and the ops (family="decode" or None) run any.
 ROUTE_SINGLE_TOKENS = False
+SINGLE_TOKEN_HEAD_DIM, SINGLE_TOKEN_MIN_BYTES = 256, 32 << 20
 # The decode family serves up to its registry max_rows query rows per kv head,
 # a CTA per 16-row tile, each reading the keys again (from L2 at best); up to
 # eight tiles it beats PyTorch's SDPA at batch 1 to 64 (1.04-4.2x, level at
@@ -391,7 +392,8 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, routing=not pinned,
                                      mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask),
-                                     packed=packed is not None, ev=ev, dropout=dropout)
+                                     packed=packed is not None, ev=ev, dropout=dropout, single=not masked and e ==
+                                     SINGLE_TOKEN_HEAD_DIM and k.nbytes + v.nbytes >= SINGLE_TOKEN_MIN_BYTES)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
@@ -464,7 +466,7 @@ def _head_dims(e: int, ev: int) -> str:
 def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail: str,
                       broadcast: bool, length: int, group: int, routing: bool = True,
                       mask_kind: str = "", packed: bool = False, ev: int | None = None,
-                      dropout: bool = False) -> Decision:
+                      dropout: bool = False, single: bool = False) -> Decision:
     """From the built kernels' records (Kernel): the first allowed family, in the
     registry's order, whose kernel runs on this chip, reads a broadcast input
     (stride 0 along a dim of size > 1, from expand()) if there is one, and, for
@@ -475,12 +477,10 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
     tiled forwards), and a longer one never to a decode family; else any
     family that can run the call (flash_attn with pinned families). mask_kind:
     "bool" or "additive" for an attn_mask, which only the passes whose records
-    read that kind serve (Kernel.reads_mask; single tokens
-    follow route_single all the same: PyTorch's SDPA, cuDNN on Hopper, reads a
-    fully used cache's mask faster; benchmarks/history/2026-11-v9-v27.md, v16).
-    packed: a packed variable-length batch, which only the passes whose
-    records read per-sequence lengths serve (Kernel.seqlens); dropout: only
-    the passes whose records draw it (Kernel.dropout)."""
+    read that kind serve (Kernel.reads_mask). packed: a packed variable-length
+    batch, which only the passes whose records read per-sequence lengths serve
+    (Kernel.seqlens); dropout: only the passes whose records draw it
+    (Kernel.dropout); single: a single token enable() serves (ROUTE_SINGLE_TOKENS)."""
     try:
         capability = tuple(probe.capability(device))
     except Exception as err:  # e.g. tracing CUDA FakeTensors on a machine without a GPU
@@ -492,8 +492,8 @@ def _pick_cuda_kernel(device, dtype_name: str, e: int, needs_grad: bool, detail:
         return _fallback("no CUDA kernels were built into this library (CPU-only build)")
     smem = probe.smem_per_block(device) if needs_grad else 0
     return _choose(capability, kernels, os.environ.get(FAMILIES_ENV, ""), str(device), smem, dtype_name, e,
-                   needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens, mask_kind,
-                   packed, ev, dropout)
+                   needs_grad, detail, broadcast, length, group, routing, probe.route_single_tokens or single,
+                   mask_kind, packed, ev, dropout)
 
 
 def _choose(capability, kernels, env: str, device: str, smem: int, dtype_name: str, e: int, needs_grad: bool,

@@ -34,7 +34,8 @@ inline bool fits(const AttnFwdParams& p) {
   const bool dims_ok = p.qk_dim == p.head_dim && p.v_dim == p.head_dim;
   return mask_ok && lengths_ok && dims_ok && p.heads_kv > 0 && p.heads_q % p.heads_kv == 0 && p.len_q >= 1 &&
          p.len_q <= kMaxQueryLen && p.len_k >= 1 && p.batch >= 1 && rows_per_kv_head(p) <= kMaxRows &&
-         p.heads_kv <= 65535 && p.batch <= 65535;
+         p.heads_kv <= 65535 && p.batch <= 65535 &&
+         int64_t(p.batch) * p.heads_q * p.len_q <= 0x7fffffff;  // the combine's grid: a CTA per query row
 }
 
 // Splits so that the CTAs fill the GPU's CTA slots about once (a second,

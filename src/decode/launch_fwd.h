@@ -53,8 +53,8 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
                   : launch(split_kernel<Element, kHeadDim, false>, smem_bytes(kHeadDim, false));
   if (err != cudaSuccess) return err;
   if (splits.count > 1) {
-    const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;
-    const cudaLaunchConfig_t c = config(dim3(unsigned((all_rows + kWarps - 1) / kWarps)), 0);
+    const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;  // a CTA each
+    const cudaLaunchConfig_t c = config(dim3(unsigned(all_rows)), 0);
     err = cudaLaunchKernelEx(&c, combine_kernel<Element, kHeadDim>, p, splits.count);
     if (err != cudaSuccess) return err;
   }
