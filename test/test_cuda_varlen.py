@@ -357,6 +357,31 @@ def test_cuda_enable_serves_varlen_attn():
 
 
 @pytest.mark.gpu
+def test_cuda_packed_refusal_counts_once():
+    """A packed call enable() leaves to PyTorch (dropout here) passes the
+    autograd route and the switch below it; stats() counts it once, and a
+    strict refusal once too."""
+    _cuda()
+    from torch.nn.attention.varlen import varlen_attn
+    lens = CUDA_LENS_Q[1:]
+    q, k, v, cu_q, cu_k = (t.cuda() for t in packed(lens, lens, hq=4, hkv=4, e=64, dtype=torch.bfloat16, seed=6))
+    args = (q, k, v, cu_q, cu_k, max(lens), max(lens))
+    tfb.reset_stats()
+    with tfb.enable():
+        torch.ops.aten._flash_attention_forward(*args, 0.5, False, False)
+    assert not tfb.stats()["routed"] and sum(tfb.stats()["fallback"].values()) == 1, tfb.stats()
+    tfb.reset_stats()
+    with tfb.enable(strict=True), pytest.raises(tfb.UnsupportedError):
+        torch.ops.aten._flash_attention_forward(*args, 0.5, False, False)
+    assert sum(tfb.stats()["fallback"].values()) == 1, tfb.stats()
+    # A served call counts once too.
+    tfb.reset_stats()
+    with tfb.enable():
+        varlen_attn(*args)
+    assert sum(tfb.stats()["routed"].values()) == 1 and not tfb.stats()["fallback"], tfb.stats()
+
+
+@pytest.mark.gpu
 def test_cuda_enable_serves_jagged_sdpa():
     """SDPA on nested jagged tensors inside enable(): our packed kernels (the
     flash ops with offsets); strict mode raises for a head dim we lack."""

@@ -26,6 +26,7 @@ Outputs take the strides of the ops' meta functions (empty_like of the inputs),
 which compiled graphs assert on; that costs a copy only when an input is not in
 the (B, L, H, E) memory layout our kernels write.
 """
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -153,7 +154,8 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
     (the op's outputs or None, the decision), counted in stats() and logged.
     pinned: any family that can (strict enable()), not only where ours are faster.
     autograd: called above autograd (_install_autograd_routes), so varlen_fwd's
-    own autograd runs our backward, decided and counted here with the forward."""
+    own autograd runs our backward, decided and counted here with the forward
+    (a refusal is counted by the route: _passing_on)."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
     if reason is None and any(isinstance(n, torch.SymInt) for n in (max_q, max_k, *query.shape, *key.shape)):
         # Deciding would specialise the graph on values Dynamo keeps symbolic
@@ -164,7 +166,9 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
                 _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                                       scale, window, seqused_k, needs_grad=None if autograd else False,
                                       pinned=pinned))
-    _count(decision, False)
+    if decision.served or not autograd:  # a route's refusal: counted by _passing_on
+        _count(decision, False)
+        _passed_on.pending = False
     if not decision.served:
         return None, decision
     if autograd and torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
@@ -174,6 +178,23 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
                                window[1], seqused_k)
     _remember_served(lse)  # a backward reaching the switch runs ours
     return (_like(out, query), lse, *_rng_placeholders(query)), decision
+
+
+# A packed call an autograd route passes on reaches the switch below PyTorch's
+# autograd kernel, which decides it again: it counts once, the deciding switch's
+# decision, or the route's where nothing below decides (a compiled graph's trace).
+_passed_on = threading.local()
+
+
+@contextlib.contextmanager
+def _passing_on(decision):
+    _passed_on.pending = True
+    try:
+        yield
+    finally:
+        if getattr(_passed_on, "pending", False):
+            _count(decision, False)
+        _passed_on.pending = False
 
 
 def serve_packed_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -461,8 +482,9 @@ def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Lib
         from . import _enable  # imports this module
         return None if active() else _enable.routing_strictness()
 
-    def unsupported(decision):
+    def unsupported(decision):  # counted, as a call strict mode refuses is
         from . import _enable
+        _count(decision, False)
         return _enable.UnsupportedError(decision.reason)
 
     def varlen_attn(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, scale=None,
@@ -477,6 +499,9 @@ def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Lib
                 return outputs[0], outputs[1], outputs[2]  # out, lse, rng_state as varlen_attn's op gives them
             if strict:
                 raise unsupported(decision)
+            with _passing_on(decision):
+                return varlen_original.call_boxed(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                                                  is_causal, scale, window_size)
         return varlen_original.call_boxed(keyset, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal,
                                           scale, window_size)
 
@@ -494,6 +519,9 @@ def _install_autograd_routes() -> tuple[torch.library.Library, torch.library.Lib
                 return outputs
             if strict:
                 raise unsupported(decision)
+            with _passing_on(decision):
+                return flash_original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                                                 dropout_p, is_causal, return_debug_mask, **kwargs)
         return flash_original.call_boxed(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                          is_causal, return_debug_mask, **kwargs)
 
