@@ -494,9 +494,10 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
 }
 
 // Merges the splits' partials: a CTA per (batch, q head, query position) row,
-// warp w summing splits w, w + kWarps, ... (several loads in flight a warp: a
-// warp walking a row's 128 splits one dependent load at a time took 20 us of
-// a 21 us call at B 1, 4 kv heads, S 16K), then the warps' sums in warp order.
+// warp w summing splits w, w + kWarps, ... with several loads in flight, then
+// the warps' sums in warp order. (A warp a row, one dependent load a split at
+// a time: the call at B 1, 4 kv heads, S 16K, E 64, 128 splits, took 20.7 us
+// against 11.9 now.)
 template <class Element, int kE>
 __global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ const AttnFwdParams p, const int splits) {
   constexpr int kCols = kE / 32;
