@@ -5,6 +5,7 @@
     python benchmarks/bench_decode.py --mask cache --used 0.5 --heads 16,16   # a static cache's mask
     python benchmarks/bench_decode.py --batch 8 --lens 1024 --queries 1 --profile   # kernels per call
     python benchmarks/bench_decode.py --packed        # packed batches (varlen), a table of their own
+    python benchmarks/bench_decode.py --heads "32,8;32,32;32,4" --backends decode,cudnn   # GQA 4/1/8, two columns
 
 bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
 the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask, or with
@@ -28,7 +29,9 @@ decode kernel and for the fastest of PyTorch's; default's time over decode's.
 is F.scaled_dot_product_attention under enable(), whatever the router chose
 (the note says which); "default" is PyTorch's SDPA with no backend pinned;
 flash, cudnn and efficient are PyTorch's, pinned. A backend that refuses a
-shape shows "-".
+shape shows "-". --backends keeps the named columns alone (an A/B of builds
+needs decode and cudnn: a third of the time); --heads takes several Hq,Hkv
+pairs, separated by ";", a table each.
 """
 import argparse
 import statistics
@@ -171,29 +174,30 @@ def packed_rows(args, hq, hkv):
                     torch.cuda.empty_cache()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--packed", action="store_true", help="packed batches (varlen_fwd, varlen_attn)")
-    parser.add_argument("--batch", default="1,8,64")
-    parser.add_argument("--lens", default="1024,4096,16384,65536", help="cache lengths S")
-    parser.add_argument("--queries", default="1,4,16", help="query lengths L")
-    parser.add_argument("--head-dims", default="128")
-    parser.add_argument("--heads", default="32,8", help="Hq,Hkv")
-    parser.add_argument("--rounds", type=int, default=25)
-    parser.add_argument("--max-gb", type=float, default=8.0, help="skip shapes whose K+V exceed this")
-    parser.add_argument("--mask", choices=("none", "cache"), default="none")
-    parser.add_argument("--used", type=float, default=1.0, help="with --mask cache: the share of the cache in use")
-    parser.add_argument("--profile", action="store_true",
-                        help="after each row, each backend's kernels per call (the profiler's µs) and their span")
-    args = parser.parse_args()
-    hq, hkv = map(int, args.heads.split(","))
-    if args.packed:
-        return packed_rows(args, hq, hkv)
+def head_pairs(text):
+    """--heads "32,8;32,4" -> [(32, 8), (32, 4)]."""
+    pairs = [tuple(map(int, pair.split(","))) for pair in text.split(";") if pair.strip()]
+    if not pairs or any(len(p) != 2 or p[0] % p[1] for p in pairs):
+        raise SystemExit(f"--heads: Hq,Hkv pairs with Hkv dividing Hq, separated by ';'; got {text!r}")
+    return pairs
+
+
+def backend_list(text):
+    """--backends "decode,cudnn" -> ("decode", "cudnn"), in BACKENDS' order."""
+    names = [n for n in text.split(",") if n]
+    unknown = sorted(set(names) - set(BACKENDS))
+    if unknown or not names:
+        raise SystemExit(f"--backends: some of {', '.join(BACKENDS)}; got {text!r}")
+    return tuple(n for n in BACKENDS if n in names)
+
+
+def dense_rows(args, hq, hkv, backends):
+    """The table of one Hq,Hkv pair (dense caches)."""
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, mask {args.mask}"
           + (f" (cache in use: {args.used:.0%})" if args.mask == "cache" else ""))
-    print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in BACKENDS) + " | decode TB/s | best PyTorch TB/s | "
+    print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in backends) + " | decode TB/s | best PyTorch TB/s | "
           "default / decode | enable() runs |")
-    print("|" + "---|" * (len(BACKENDS) + 8))
+    print("|" + "---|" * (len(backends) + 8))
     for e in map(int, args.head_dims.split(",")):
         for b in map(int, args.batch.split(",")):
             for length in map(int, args.queries.split(",")):
@@ -207,9 +211,9 @@ def main():
                     q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                     k = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
                     v = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
-                    graphs = {name: graph_of(call_for(name, q, k, v, mask)) for name in BACKENDS}
+                    graphs = {name: graph_of(call_for(name, q, k, v, mask)) for name in backends}
                     us = time_graphs({n: g for n, g in graphs.items() if g is not None}, args.rounds)
-                    cells = [f"{us[n]:.1f}" if n in us else "-" for n in BACKENDS]
+                    cells = [f"{us[n]:.1f}" if n in us else "-" for n in backends]
                     tbs = lambda t: f"{kv_bytes / (t * 1e-6) / 1e12:.2f}"
                     best = min((us[n] for n in ("default", "flash", "cudnn", "efficient") if n in us), default=None)
                     decode = us.get("decode")
@@ -222,6 +226,30 @@ def main():
                         print_breakdown({n: g for n, g in graphs.items() if g is not None})
                     del graphs, q, k, v
                     torch.cuda.empty_cache()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--packed", action="store_true", help="packed batches (varlen_fwd, varlen_attn)")
+    parser.add_argument("--batch", default="1,8,64")
+    parser.add_argument("--lens", default="1024,4096,16384,65536", help="cache lengths S")
+    parser.add_argument("--queries", default="1,4,16", help="query lengths L")
+    parser.add_argument("--head-dims", default="128")
+    parser.add_argument("--heads", default="32,8", help="Hq,Hkv; several pairs separated by ';'")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="the columns to measure (default: all)")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--max-gb", type=float, default=8.0, help="skip shapes whose K+V exceed this")
+    parser.add_argument("--mask", choices=("none", "cache"), default="none")
+    parser.add_argument("--used", type=float, default=1.0, help="with --mask cache: the share of the cache in use")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each row, each backend's kernels per call (the profiler's µs) and their span")
+    args = parser.parse_args()
+    pairs, backends = head_pairs(args.heads), backend_list(args.backends)
+    for hq, hkv in pairs:
+        if args.packed:
+            packed_rows(args, hq, hkv)
+        else:
+            dense_rows(args, hq, hkv, backends)
 
 
 if __name__ == "__main__":
