@@ -119,12 +119,12 @@ TORCH_LIBRARY(torch_flash_backend, m) {
   // out is (total_q, Hq, E), lse (Hq, total_q) float32 (PyTorch's varlen
   // layout); rows no sequence covers give 0 (lse -inf).
   m.def(
-      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, int max_q, int max_k,"
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seq_q, Tensor cu_seq_k, SymInt max_q, SymInt max_k,"
       " float? scale=None, bool is_causal=False, str? family=None, str? backward_family=None,"
       " int window_left=-1, int window_right=-1, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)");
   m.def(
       "varlen_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seq_q,"
-      " Tensor cu_seq_k, int max_q, int max_k, float? scale=None, bool is_causal=False, str? family=None,"
+      " Tensor cu_seq_k, SymInt max_q, SymInt max_k, float? scale=None, bool is_causal=False, str? family=None,"
       " int window_left=-1, int window_right=-1, Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   // FP8 attention (PyTorch's quantized flash ops): float8_e4m3fn q, k, v as
   // fwd / varlen_fwd take them, float32 descales of shape (batch, kv heads)

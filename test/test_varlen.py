@@ -132,6 +132,31 @@ def test_fake_kernels_give_the_real_shapes():
         assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype)
 
 
+def test_compiled_with_symbolic_longest_lengths():
+    """max_q / max_k are SymInts in the ops' schemas: a function compiled with
+    dynamic shapes passing them from the tensors' sizes traces once for every
+    size (forward and backward), with the eager numbers."""
+    torch._dynamo.reset()
+
+    def attend(q, k, v, cu_q, cu_k):
+        return ops.varlen_fwd(q, k, v, cu_q, cu_k, q.shape[0], k.shape[0], None, True)[0]
+
+    compiled = torch.compile(attend, dynamic=True, fullgraph=True)
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    for n in (7, 13, 30):
+        q, k, v, cu_q, cu_k = packed([n], [n + 3], seed=n)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = compiled(*leaves, cu_q, cu_k)
+        grads = torch.autograd.grad(out.square().sum(), leaves)
+        eager = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = attend(*eager, cu_q, cu_k)
+        torch.testing.assert_close(out, ref)
+        for a, b in zip(grads, torch.autograd.grad(ref.square().sum(), eager)):
+            torch.testing.assert_close(a, b)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
 def test_router_decides_packed_batches():
     """decide_varlen: the families whose records read per-sequence lengths
     serve a packed batch (sm80's and sm90's, not decode's); metadata
