@@ -29,8 +29,8 @@ MIN_QUERY_LEN = 17
 CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
 # Measured on an H200 (benchmarks/RESULTS.md, "Decode"), the decode family beats PyTorch's
-# SDPA from two query tokens up (1.8-9x at four); on one it is level at head dims 64 and 128
-# (0.82-1.08x) and ahead at 256 once K and V hold SINGLE_TOKEN_MIN_BYTES (1.13-1.41x; 0.63-1.02x
+# SDPA from two query tokens up (1.7-10x at four); on one it is level at head dims 64 and 128
+# (0.82-1.08x) and ahead at 256 once K and V hold SINGLE_TOKEN_MIN_BYTES (1.02-1.43x; 0.63-1.00x
 # below). enable() serves those single tokens alone (probe.route_single_tokens: all of them),
 # none with a boolean mask (cuDNN reads a fully used cache's mask 5-12% faster:
 # benchmarks/history/2026-11-v9-v27.md, v16). flash_attn and the ops (family="decode" or None) run any.
