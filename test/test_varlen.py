@@ -11,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_flash_backend as tfb
-from torch_flash_backend import testing
+from torch_flash_backend import _router, testing
 
 ops = torch.ops.torch_flash_backend
 
@@ -155,6 +155,29 @@ def test_compiled_with_symbolic_longest_lengths():
         for a, b in zip(grads, torch.autograd.grad(ref.square().sum(), eager)):
             torch.testing.assert_close(a, b)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_symbolic_lengths_decide_without_guards():
+    """decide_varlen on a compiled graph's symbolic sizes (total tokens, longest
+    lengths): the choice of a long query, and no guard added to the graph."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    env = ShapeEnv()
+
+    def symbol(n, name):
+        return env.create_symintnode(env.create_symbol(n, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC),
+                                     hint=n)
+
+    kernels = testing.registry_kernel_names("sm90") + testing.registry_kernel_names("decode")
+    with FakeTensorMode(shape_env=env), testing.pretend_cuda(capability=(9, 0), kernels=kernels):
+        total_q, total_k = symbol(300, "total_q"), symbol(400, "total_k")
+        q = torch.empty(total_q, 4, 64, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.empty(total_k, 4, 64, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        offsets = torch.empty(6, dtype=torch.int32, device="cuda")
+        d = _router.decide_varlen(q, k, v, offsets, offsets, symbol(100, "max_q"), symbol(5, "max_k"),
+                                  is_causal=True, needs_grad=False)
+        assert d.kernel == "sm90_fwd_bf16_hdim64", str(d)
+    assert not env.guards, [str(g.expr) for g in env.guards]
 
 
 def test_router_decides_packed_batches():

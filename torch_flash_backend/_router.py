@@ -295,8 +295,7 @@ def decide_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, dropout_p
     int32 offsets cu_seq_q / cu_seq_k (batch + 1), the longest lengths, and
     optionally seqused_k (keys in use per sequence). Causal masks and windows
     align bottom-right per sequence. Metadata only: the offsets' values are
-    the ops' to check. Decided afresh on every call (the cache keys dense
-    calls alone)."""
+    the ops' to check. Decided afresh on every call (the cache keys dense calls alone)."""
     tensors = (q, k, v, cu_seq_q, cu_seq_k) + (() if seqused_k is None else (seqused_k,))
     if not all(isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested for t in tensors):
         return _fallback("a packed batch's tensors must be dense strided tensors")
@@ -311,8 +310,9 @@ def decide_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, dropout_p
                          "kernel handles it")
     rows = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]  # (1, H, total, E), as the ops view them
     window = (int(window[0]), int(window[1]))
+    # A symbolic longest query (dynamic shapes) decides as a long one: comparing it would guard the graph.
     return _decide(*rows, None, dropout_p, is_causal, scale, True, needs_grad, True, window, pinned,
-                   packed=(batch, int(max_q)))
+                   packed=(batch, MIN_QUERY_LEN if isinstance(max_q, torch.SymInt) else int(max_q)))
 
 
 def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right,
