@@ -24,7 +24,7 @@ sm80) and PyTorch's varlen_attn, causal (bottom-right, as a decode step is).
 
 Columns: µs per call; TB/s of K and V read once (2·B·Hkv·S·E·2 bytes; with a
 mask, of the keys in use alone) for the
-decode kernel and for the fastest of PyTorch's; default's time over decode's.
+decode kernel and for the fastest of PyTorch's; default's and cudnn's time over decode's.
 "decode" is our decode family's kernel (the op with family="decode"); "enable()"
 is F.scaled_dot_product_attention under enable(), whatever the router chose
 (the note says which); "default" is PyTorch's SDPA with no backend pinned;
@@ -196,8 +196,8 @@ def dense_rows(args, hq, hkv, backends):
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; bf16, Hq={hq}, Hkv={hkv}, mask {args.mask}"
           + (f" (cache in use: {args.used:.0%})" if args.mask == "cache" else ""))
     print("| B | L | S | E | " + " | ".join(f"{b} µs" for b in backends) + " | decode TB/s | best PyTorch TB/s | "
-          "default / decode | enable() runs |")
-    print("|" + "---|" * (len(backends) + 8))
+          "default / decode | cudnn / decode | enable() runs |")
+    print("|" + "---|" * (len(backends) + 9))
     for e in map(int, args.head_dims.split(",")):
         for b in map(int, args.batch.split(",")):
             for length in map(int, args.queries.split(",")):
@@ -219,7 +219,8 @@ def dense_rows(args, hq, hkv, backends):
                     decode = us.get("decode")
                     cells.append(tbs(decode) if decode else "-")
                     cells.append(tbs(best) if best else "-")
-                    cells.append(f"{us['default'] / decode:.2f}" if decode and "default" in us else "-")
+                    for peer in ("default", "cudnn"):
+                        cells.append(f"{us[peer] / decode:.2f}" if decode and peer in us else "-")
                     cells.append(str(tfb.explain(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)))
                     print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
                     if args.profile:
