@@ -132,14 +132,15 @@ def check_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, seqused_k=None) -> i
     if cu_seq_q.numel() < 1:
         raise RuntimeError("cu_seq_q must hold batch + 1 offsets, got none")
     # Symbolic lengths (a compiled graph's) are checked when the op runs: comparing them here would guard.
-    if not _symbolic(max_q, q.size(0)) and not 0 <= max_q <= q.size(0):
+    if not symbolic(max_q, q.size(0)) and not 0 <= max_q <= q.size(0):
         raise RuntimeError(f"max_q must lie in [0, total query tokens {q.size(0)}], got {max_q}")
-    if not _symbolic(max_k, k.size(0)) and not 0 <= max_k <= k.size(0):
+    if not symbolic(max_k, k.size(0)) and not 0 <= max_k <= k.size(0):
         raise RuntimeError(f"max_k must lie in [0, total key tokens {k.size(0)}], got {max_k}")
     return cu_seq_q.numel() - 1
 
 
-def _symbolic(*values) -> bool:
+def symbolic(*values) -> bool:
+    """Whether a size is a compiled graph's symbol (comparing it would guard the graph)."""
     return any(isinstance(n, torch.SymInt) for n in values)
 
 

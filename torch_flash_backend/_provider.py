@@ -38,7 +38,7 @@ from torch.nn import attention as _attention
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _fp8, _router, _stats
-from ._checks import kernel_friendly
+from ._checks import kernel_friendly, symbolic
 from ._library import reads_stride0
 
 _ops = torch.ops.torch_flash_backend
@@ -157,7 +157,7 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
     own autograd runs our backward, decided and counted here with the forward
     (a refusal is counted by the route: _passing_on)."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
-    if reason is None and any(isinstance(n, torch.SymInt) for n in (max_q, max_k, *query.shape, *key.shape)):
+    if reason is None and symbolic(max_q, max_k, *query.shape, *key.shape):
         # Deciding would specialise the graph on values Dynamo keeps symbolic
         # (nested jagged tensors' lengths): a graph error, not a decision.
         reason = "symbolic sequence lengths (a compiled graph with dynamic shapes, e.g. nested jagged tensors)"

@@ -312,7 +312,7 @@ def decide_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q: int, max_k: int, dropout_p
     window = (int(window[0]), int(window[1]))
     # A symbolic longest query (dynamic shapes) decides as a long one: comparing it would guard the graph.
     return _decide(*rows, None, dropout_p, is_causal, scale, True, needs_grad, True, window, pinned,
-                   packed=(batch, MIN_QUERY_LEN if isinstance(max_q, torch.SymInt) else int(max_q)))
+                   packed=(batch, MIN_QUERY_LEN if _checks.symbolic(max_q) else int(max_q)))
 
 
 def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_grad, bottom_right,
