@@ -99,6 +99,11 @@ def _count(decision, backward: bool) -> None:
         logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
 
 
+def _unbacked(*values) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return any(isinstance(n, torch.SymInt) and free_unbacked_symbols(n) for n in values)
+
+
 def _feature_reason(return_debug_mask=False, seqused_k=None, alibi_slopes=None, packed=False) -> str | None:
     """A feature the call asks for that our kernels lack, or None."""
     reason = ("return_debug_mask=True" if return_debug_mask
@@ -157,10 +162,11 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
     own autograd runs our backward, decided and counted here with the forward
     (a refusal is counted by the route: _passing_on)."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
-    if reason is None and symbolic(max_q, max_k, *query.shape, *key.shape):
-        # Deciding would specialise the graph on values Dynamo keeps symbolic
-        # (nested jagged tensors' lengths): a graph error, not a decision.
-        reason = "symbolic sequence lengths (a compiled graph with dynamic shapes, e.g. nested jagged tensors)"
+    if reason is None and _unbacked(max_q, max_k, *query.shape, *key.shape):
+        # A data-dependent length (an .item() in the graph) cannot be compared at
+        # all; backed symbolic lengths (nested jagged tensors' in a compiled graph)
+        # are decided without a guard (_router.decide_varlen) and passed through.
+        reason = "data-dependent sequence lengths (a compiled graph with unbacked sizes)"
     window = _window(window_size_left, window_size_right)
     decision = (_router.Decision(False, None, reason) if reason is not None else
                 _router.decide_varlen(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
