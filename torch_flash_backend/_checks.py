@@ -144,6 +144,12 @@ def symbolic(*values) -> bool:
     return any(isinstance(n, torch.SymInt) for n in values)
 
 
+def unbacked(*values) -> bool:
+    """Whether a size is data-dependent (an .item() in a compiled graph): not even a guard can compare it."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return any(isinstance(n, torch.SymInt) and free_unbacked_symbols(n) for n in values)
+
+
 def empty_call(q: torch.Tensor, k: torch.Tensor) -> bool:
     """No batch, head, query or key: the ops answer without a kernel (csrc/checks.h is_empty_problem)."""
     return 0 in (q.size(0), q.size(1), q.size(2), k.size(2))

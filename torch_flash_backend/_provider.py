@@ -38,7 +38,7 @@ from torch.nn import attention as _attention
 
 from . import _autograd  # noqa: F401  (the ops, fake kernels and autograd)
 from . import _fp8, _router, _stats
-from ._checks import kernel_friendly, symbolic
+from ._checks import kernel_friendly, unbacked
 from ._library import reads_stride0
 
 _ops = torch.ops.torch_flash_backend
@@ -99,11 +99,6 @@ def _count(decision, backward: bool) -> None:
         logger.debug("provider: %s passed on to PyTorch's kernel: %s", op, decision.reason)
 
 
-def _unbacked(*values) -> bool:
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-    return any(isinstance(n, torch.SymInt) and free_unbacked_symbols(n) for n in values)
-
-
 def _feature_reason(return_debug_mask=False, seqused_k=None, alibi_slopes=None, packed=False) -> str | None:
     """A feature the call asks for that our kernels lack, or None."""
     reason = ("return_debug_mask=True" if return_debug_mask
@@ -162,7 +157,7 @@ def serve_packed_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, 
     own autograd runs our backward, decided and counted here with the forward
     (a refusal is counted by the route: _passing_on)."""
     reason = _feature_reason(return_debug_mask, seqused_k, alibi_slopes, packed=True)
-    if reason is None and _unbacked(max_q, max_k, *query.shape, *key.shape):
+    if reason is None and unbacked(max_q, max_k, *query.shape, *key.shape):
         # A data-dependent length (an .item() in the graph) cannot be compared at
         # all; backed symbolic lengths (nested jagged tensors' in a compiled graph)
         # are decided without a guard (_router.decide_varlen) and passed through.
