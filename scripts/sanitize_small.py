@@ -312,7 +312,7 @@ def main():
         print(f"sanitize grid ran: varlen, head dims {dims}")
         return
     if len(sys.argv) > 1 and sys.argv[1] == "headdims":  # head dims without a kernel of their own
-        dims = [8, 40, 80, 136, 200]
+        dims = [8, 40, 72, 80, 136, 200]
         for families in passes:
             with testing.kernel_families(*families):
                 grid(dims)

@@ -14,15 +14,15 @@
 // windows: those that read a band's left edge; seqlens: those that read per-sequence lengths (packed
 // batches); pads: those that serve smaller head dims (registry.Family.pads); dropout: those that
 // draw dropout; head dims per pass, "fwd:64,128;bwd:64".
-#define TFB_KERNEL_FAMILIES(X) X(decode, 80, 0, true, 16, 256, "fwd", "fwd", "", "fwd", "", "", "fwd", "fwd:32,64,96,128,192,256") X(sm90, 90, 90, false, 16, 0, "fwd,bwd", "fwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:64,96,128,192,256;bwd:64,96,128,192,256") X(sm80, 80, 0, true, 16, 0, "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:32,64,96,128,192,256;bwd:32,64,96,128,192,256")
+#define TFB_KERNEL_FAMILIES(X) X(decode, 80, 0, true, 16, 256, "fwd", "fwd", "", "fwd", "", "", "fwd", "fwd:32,64,96,128,192,256") X(sm90, 90, 90, false, 16, 0, "fwd,bwd", "fwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:64,80,96,128,192,256;bwd:64,80,96,128,192,256") X(sm80, 80, 0, true, 16, 0, "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd,bwd", "fwd:32,64,96,128,192,256;bwd:32,64,96,128,192,256")
 
 #define TFB_DECODE_FWD_HEAD_DIMS 32, 64, 96, 128, 192, 256
-#define TFB_SM90_FWD_HEAD_DIMS 64, 96, 128, 192, 256
-#define TFB_SM90_BWD_HEAD_DIMS 64, 96, 128, 192, 256
+#define TFB_SM90_FWD_HEAD_DIMS 64, 80, 96, 128, 192, 256
+#define TFB_SM90_BWD_HEAD_DIMS 64, 80, 96, 128, 192, 256
 #define TFB_SM90_FWD_FP8_HEAD_DIMS 64, 128, 256
 #define TFB_SM80_FWD_HEAD_DIMS 32, 64, 96, 128, 192, 256
 #define TFB_SM80_BWD_HEAD_DIMS 32, 64, 96, 128, 192, 256
-#define TFB_HEAD_DIMS_ALL 32, 64, 96, 128, 192, 256
+#define TFB_HEAD_DIMS_ALL 32, 64, 80, 96, 128, 192, 256
 
 // The boundary each family's inputs start on (registry align_bytes), and the largest.
 #define TFB_DECODE_ALIGN_BYTES 16
@@ -40,6 +40,9 @@ constexpr bool head_dim_built(int d) {
 #endif
 #ifdef TFB_WITH_HDIM64
          || d == 64
+#endif
+#ifdef TFB_WITH_HDIM80
+         || d == 80
 #endif
 #ifdef TFB_WITH_HDIM96
          || d == 96

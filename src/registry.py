@@ -84,11 +84,14 @@ FAMILIES = (
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(
-        name="sm90", passes=("fwd", "bwd"), head_dims=(64, 96, 128, 192, 256), min_cc=90, max_cc=90,
+        name="sm90", passes=("fwd", "bwd"), head_dims=(64, 80, 96, 128, 192, 256), min_cc=90, max_cc=90,
         # wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip.
         nvcc_arch=("-gencode=arch=compute_90a,code=sm_90a",), cmake_archs="90a-real",
-        # Head dim 256's forward takes 80-key tiles (kernel_traits_fwd.h).
-        wide_mma=(("fwd", 256),),
+        # Head dim 256's forward takes 80-key tiles, and head dim 80's own wgmma is
+        # 80 wide (kernel_traits_*.h). 80 has its own kernels: on 96's it did 20%
+        # more work; 112 runs on 128's (14% more), which its own would not repay
+        # in build time (benchmarks/RESULTS.md "Head dims between the built ones").
+        wide_mma=(("fwd", 256), ("fwd", 80), ("bwd", 80)),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
         # Packed batches: both passes take their tiles from a list (the deterministic

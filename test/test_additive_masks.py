@@ -295,7 +295,7 @@ def test_cuda_tiled(mask_dtype, kind, shape, family, all_families):
 
 @cuda
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
-@pytest.mark.parametrize("e", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("e", [32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_every_head_dim(dtype, e, family, all_families):
     require(family, "fwd", dtype, e)

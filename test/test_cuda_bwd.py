@@ -23,7 +23,7 @@ from torch_flash_backend import testing
 
 from reference import assert_within_baseline, attention_ref, max_err
 
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 
 # (batch, q heads, kv heads, L, S, causal, layout, scale): odd and unequal

@@ -20,7 +20,7 @@ from reference import assert_within_baseline, attention_ref, max_err
 pytestmark = pytest.mark.gpu
 
 FAMILIES = ("sm80", "sm90")  # the registry's CUDA families (src/registry.py)
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 DTYPES = (torch.float16, torch.bfloat16)
 LENGTHS = (1, 17, 127, 128, 129, 1000)
 LSE_TOL = 1e-3

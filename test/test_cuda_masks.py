@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 
 ops = torch.ops.torch_flash_backend
 DTYPES = (torch.float16, torch.bfloat16)
-HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+HEAD_DIMS = (32, 64, 80, 96, 128, 192, 256)
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ from test_cuda_bwd import _sdpa_grads, inputs_and_reference
 SM80 = testing.registry_kernel_names("sm80")
 SM90 = testing.registry_kernel_names("sm90")
 DECODE = testing.registry_kernel_names("decode")
-# Between and below the built head dims (32, 64, 96, 128, 192, 256), Phi-2's 80 among them.
+# Between and below the built head dims (sm80: 32, 64, 96, 128, 192, 256; sm90 adds 80), Phi-2's 80 among them.
 ODD_HEAD_DIMS = (8, 40, 72, 80, 112, 136, 160, 200, 248)
 
 
@@ -41,7 +41,7 @@ def _next_built(e, dims):
     return min(d for d in dims if d >= e)
 
 
-@pytest.mark.parametrize("capability,family,dims", [((9, 0), "sm90", (64, 96, 128, 192, 256)),
+@pytest.mark.parametrize("capability,family,dims", [((9, 0), "sm90", (64, 80, 96, 128, 192, 256)),
                                                     ((8, 0), "sm80", (32, 64, 96, 128, 192, 256))])
 def test_router_serves_a_multiple_of_8_with_the_next_larger_kernel(capability, family, dims):
     with FakeTensorMode(), testing.pretend_cuda(capability=capability, kernels=SM80 + SM90 + DECODE):
@@ -62,7 +62,7 @@ def test_router_refuses_what_no_kernel_pads():
         for e in (36, 100, 264):  # not a multiple of 8; past the largest kernel
             d = tfb.explain(*_qkv(e))
             assert not d.served and d.reason == (f"no kernel has head dim {e} for bf16; head dims built: 32, 64, "
-                                                 "96, 128, 192, 256 (a smaller multiple of 8 runs on the next "
+                                                 "80, 96, 128, 192, 256 (a smaller multiple of 8 runs on the next "
                                                  "larger)"), str(d)
         # The decode family serves its own head dims alone: a decode step at 80 goes to PyTorch.
         d = tfb.explain(*_qkv(80, length=1), strict=False)
@@ -74,10 +74,11 @@ def test_router_refuses_what_no_kernel_pads():
 def test_serving_kernel_rule():
     records = testing.fake_kernels(SM90 + DECODE)
     pick = _library.serving_kernel
-    assert pick(records, "sm90", "fwd", "bf16", 80, 80) == "sm90_fwd_bf16_hdim96"
+    assert pick(records, "sm90", "fwd", "bf16", 80, 80) == "sm90_fwd_bf16_hdim80"
+    assert pick(records, "sm90", "bwd", "bf16", 88, 88) == "sm90_bwd_bf16_hdim96"
     assert pick(records, "sm90", "bwd", "fp16", 8, 8) == "sm90_bwd_fp16_hdim64"
     assert pick(records, "sm90", "fwd", "bf16", 192, 128) == "sm90_fwd_bf16_hdim192"  # MLA's shape
-    assert pick(records, "sm90", "fwd", "bf16", 64, 72) == "sm90_fwd_bf16_hdim96"
+    assert pick(records, "sm90", "fwd", "bf16", 64, 72) == "sm90_fwd_bf16_hdim80"
     assert pick(records, "sm90", "fwd", "bf16", 12, 12) is None
     assert pick(records, "sm90", "fwd", "bf16", 264, 264) is None
     assert pick(records, "decode", "fwd", "bf16", 64, 64) == "decode_fwd_bf16_hdim64"
@@ -227,19 +228,21 @@ def test_python_rule_matches_the_ops():
 @pytest.mark.gpu
 def test_enable_serves_a_head_dim_of_80_both_ways():
     """A model's call (Phi-2's head dim 80) under enable(): served by our kernels
-    forward and backward, as the router names them."""
+    forward and backward, as the router names them (Hopper's own 80, else sm80's 96)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 300, h, 80, device="cuda", dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
                for h in (8, 2, 2))
     decision = tfb.explain(q, k, v, is_causal=True, enable_gqa=True)
-    assert decision.served and decision.kernel.endswith("_hdim96"), str(decision)
+    kernel = "hdim80" if torch.cuda.get_device_capability() == (9, 0) else "hdim96"
+    assert decision.served and decision.kernel.endswith(kernel) and decision.backward_kernel.endswith(kernel), \
+        str(decision)
     dout = torch.randn(2, 8, 300, 80, device="cuda", dtype=torch.bfloat16)
     tfb.reset_stats()
     with tfb.enable(strict=True):
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         grads = torch.autograd.grad(out, (q, k, v), dout)
     routed = tfb.stats()["routed"]
-    assert any("hdim96" in name for name in routed), routed
+    assert any(kernel in name for name in routed), routed
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out64, _ = attention_ref(q64, k64, v64, None, True)
     ref = torch.autograd.grad(out64, (q64, k64, v64), dout.double())

@@ -115,7 +115,7 @@ def test_value_head_dim_unlike_the_querys(fake):
 
 
 def test_head_dim_not_built(fake):
-    assert reason(*qkv(e=36)) == ("no kernel has head dim 36 for bf16; head dims built: 32, 64, 96, 128, 192, 256 "
+    assert reason(*qkv(e=36)) == ("no kernel has head dim 36 for bf16; head dims built: 32, 64, 80, 96, 128, 192, 256 "
                                   "(a smaller multiple of 8 runs on the next larger)")
     assert tfb.explain(*qkv(e=72)).kernel == "sm80_fwd_bf16_hdim96"  # test_head_dims.py has the rest
 
@@ -272,7 +272,7 @@ def test_hopper_forward_sm90_backward_sm80(fake):
 
 def test_hopper_sm90_both_ways_where_it_has_a_backward(fake):
     with testing.pretend_cuda(capability=(9, 0), kernels=SM80 + SM90):
-        for e in (64, 96, 128, 192, 256):
+        for e in (64, 80, 96, 128, 192, 256):
             d = tfb.explain(*qkv(hq=8, hkv=2, e=e, requires_grad=True), is_causal=True, enable_gqa=True)
             assert (d.kernel, d.backward_kernel) == (f"sm90_fwd_bf16_hdim{e}", f"sm90_bwd_bf16_hdim{e}"), str(d)
     # A build without an sm90 backward for a head dim: sm80's serves it.
@@ -354,7 +354,7 @@ def test_kernel_families_pins_sm90(fake):
             "inputs require grad but no backward kernel was built for bf16 head dim 96 "
             "(families allowed by TFB_KERNEL_FAMILIES: sm90)")
         assert reason(*qkv(e=36)) == ("no kernel has head dim 36 for bf16 (families allowed by "
-                                      "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 96, 128, 192, 256 "
+                                      "TFB_KERNEL_FAMILIES: sm90); head dims built: 64, 80, 96, 128, 192, 256 "
                                       "(a smaller multiple of 8 runs on the next larger)")
     with testing.pretend_cuda(capability=(8, 0)), testing.kernel_families("sm90"):
         assert "TFB_KERNEL_FAMILIES='sm90' allows none of the kernel families for compute capability 8.0" \

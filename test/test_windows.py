@@ -97,7 +97,7 @@ def test_window_matches_its_mask(window, bottom_right, family):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
-@pytest.mark.parametrize("e", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("e", [32, 64, 80, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_window_every_head_dim(dtype, e, family):
     dn = "fp16" if dtype == torch.float16 else "bf16"

@@ -186,6 +186,12 @@ template <typename Element>
 struct BwdConfig<Element, 64> {
   using Traits = BwdTraits<Element, 64, 128, 128, 2>;
 };
+// Head dim 80 takes 128 queries (dQ split by rows): at 64 its columns would
+// split 48 + 32, and a slice must start at a multiple of its width.
+template <typename Element>
+struct BwdConfig<Element, 80> {
+  using Traits = BwdTraits<Element, 80, 128, 128, 2>;
+};
 template <typename Element>
 struct BwdConfig<Element, 96> {
   using Traits = BwdTraits<Element, 96, 64, 128, 2>;

@@ -203,6 +203,8 @@ template <typename Element>
 struct FwdConfig<Element, 64>
     : TileChoice<FwdTraits<Element, 64, 192, 128, 2>, FwdTraits<Element, 64, 128, 128, 2>, 2048> {};
 template <typename Element>
+struct FwdConfig<Element, 80> : TileChoice<FwdTraits<Element, 80, 128, 128, 2>> {};
+template <typename Element>
 struct FwdConfig<Element, 96> : TileChoice<FwdTraits<Element, 96, 128, 128, 2>> {};
 // Head dim 128 reads Q from registers (+2% sustained at 16K keys, +1-2% from
 // 2K; its 32 registers fit beside S, P and O). Head dim 96 gains nothing, 64
