@@ -42,12 +42,19 @@ CUTE_DEVICE void stage_dq_slice(const AttnBwdParams& p, const BwdWorkspace& ws, 
   Tensor coord = mma.get_thread_slice(wg_thread).partition_C(make_identity_tensor(Shape<_64, Int<Slice::kCols>>{}));
   Tensor acc = make_tensor<float>(shape(coord));
   float const* mine = tile + Slice::kOffset;
-  CUTE_UNROLL
-  for (int j = 0; j < size(acc); ++j) acc(j) = mine[Traits::dq_index(j, wg_thread)];
-  for (int split = 1; split < ws.splits; ++split) {
+  // Runs of four values (BwdTraits::kDqVec): one 16-byte load each.
+  const auto add = [&](float const* from, bool first) {
     CUTE_UNROLL
-    for (int j = 0; j < size(acc); ++j) acc(j) += mine[split * ws.split_elems + Traits::dq_index(j, wg_thread)];
-  }
+    for (int j = 0; j < size(acc); j += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(from + Traits::dq_index(j, wg_thread));
+      acc(j) = first ? x.x : acc(j) + x.x;
+      acc(j + 1) = first ? x.y : acc(j + 1) + x.y;
+      acc(j + 2) = first ? x.z : acc(j + 2) + x.z;
+      acc(j + 3) = first ? x.w : acc(j + 3) + x.w;
+    }
+  };
+  add(mine, true);
+  for (int split = 1; split < ws.splits; ++split) add(mine + split * ws.split_elems, false);
   using Element = typename Traits::Element;
   cutlass::NumericArrayConverter<Element, float, 2> convert;
   CUTE_UNROLL

@@ -93,8 +93,8 @@ struct BwdTraits {
   };
   // Where value j of thread t of a warpgroup's dQ slice lives in the query
   // tile's accumulator, from the slice's kOffset: threads interleaved, in runs
-  // of kDqVec values (4 where 16-byte atomics add them).
-  static constexpr int kDqVec = kSplitDim ? 4 : 1;
+  // of kDqVec values (one 16-byte store, load or atomic add each).
+  static constexpr int kDqVec = 4;
   CUTE_HOST_DEVICE static constexpr int dq_index(int j, int t) { return (j / kDqVec * 128 + t) * kDqVec + j % kDqVec; }
 
   // Q and dO stages, (query, dim, stage); K and V, (key, dim).

@@ -353,8 +353,12 @@ struct BwdMainloop {
     warpgroup_fence_operand(acc);
     after();
     float* mine = staged + Slice::kOffset;
+    static_assert(Traits::kDqVec == 4 && size(acc) % 4 == 0, "runs of four values: one 16-byte store each");
     CUTE_UNROLL
-    for (int j = 0; j < size(acc); ++j) mine[Traits::dq_index(j, wg_thread)] = acc(j);
+    for (int j = 0; j < size(acc); j += 4) {
+      *reinterpret_cast<float4*>(mine + Traits::dq_index(j, wg_thread)) =
+          make_float4(acc(j), acc(j + 1), acc(j + 2), acc(j + 3));
+    }
   }
 
   // Consumer: one warpgroup's 64 keys of the tile. Leaves dK (unscaled) and
@@ -366,7 +370,9 @@ struct BwdMainloop {
                                   Masks const& masks, int n_block, Tile const& tile, int unit, float* dq_split,
                                   int thread_idx, AccdK& acc_dk, AccdV& acc_dv) {
     const int batch = tile.batch;
-    const int warpgroup = thread_idx / 128;
+    // Warp-uniform by a shuffle, so that the shared-memory descriptors built
+    // from it live in uniform registers (else each wgmma's is moved there).
+    const int warpgroup = __shfl_sync(0xffffffffu, thread_idx / 128, 0);
     const int wg_thread = thread_idx % 128;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});
@@ -479,7 +485,9 @@ struct BwdMainloop {
     constexpr int kQueries = Traits::kSdPQueries;
     constexpr int kCols = Traits::kDkvCols;
     constexpr int kStages = Traits::kStages;
-    const int warpgroup = thread_idx / 128;
+    // Warp-uniform by a shuffle, so that the shared-memory descriptors built
+    // from it live in uniform registers (else each wgmma's is moved there).
+    const int warpgroup = __shfl_sync(0xffffffffu, thread_idx / 128, 0);
     const int wg_thread = thread_idx % 128;
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(shared.dout.data()), typename Traits::SmemLayoutQ{});

@@ -60,6 +60,7 @@ struct ConsumerSteps {
   Masks const& masks;
   int batch, n_block;
   int i = 0;
+  int head = 0, m = 0;  // step i's query head and tile from the first: counted, not divided
 
   // The next step into `step`, its Q stage waited for where notes are read;
   // false at the key tile's end (its empty stage consumed).
@@ -79,8 +80,13 @@ struct ConsumerSteps {
       step = {note.m_block, note.head_q, note.predicate != 0};
     } else {
       if (i >= steps.count) return false;
-      const auto at = steps.at(i++);
-      step = {at.m_block, at.head_q, masks.mask(batch, at.head_q).needs_predicate(at.m_block, n_block)};
+      ++i;
+      const int head_q = steps.head_q0 + head, m_block = steps.m_begin + m;
+      if (++m == steps.m_count) {
+        m = 0;
+        ++head;
+      }
+      step = {m_block, head_q, masks.mask(batch, head_q).needs_predicate(m_block, n_block)};
     }
     return true;
   }
