@@ -84,7 +84,7 @@ def edges(e):
     big = torch.full((1, 2, 300, e), 133120.0, device="cuda", dtype=torch.bfloat16)
     fwd(big, big, big, None, True)
     fwd(big[:, :, :70], big, big, None, False)
-    q = torch.randn(1, 65600, 1, e, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 65600, 17, e, device="cuda", dtype=torch.bfloat16)  # 17 rows: a tiled family's
     out, lse = fwd(q, q, q, None, False)
     bwd(torch.randn_like(out), q, q, q, out, lse, None, False)
     torch.cuda.synchronize()
@@ -224,7 +224,8 @@ def varlen(head_dims):
                 out, lse = ops.varlen_fwd(q, k, v, bad_q, bad_k, max_q, max(lens_k), None, True, family)
                 ops.varlen_bwd(torch.ones_like(out), q, k, v, out, lse, bad_q, bad_k, max_q, max(lens_k), None,
                                True, family)
-        if any(k.family == "decode" and k.seqlens for k in _router.probe.kernels()):
+        decode = [k for k in _router.probe.kernels() if k.family == "decode" and k.seqlens]
+        if serving_kernel(decode, "decode", "fwd", "bf16", e, e) is not None:
             packed_short(q, k, v, cu[1], lens_k)
     torch.cuda.synchronize()
 
