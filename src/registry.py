@@ -88,9 +88,10 @@ FAMILIES = (
         # wgmma and setmaxnreg exist only on sm_90a, whose PTX runs on no later chip.
         nvcc_arch=("-gencode=arch=compute_90a,code=sm_90a",), cmake_archs="90a-real",
         # Head dim 256's forward takes 80-key tiles, and head dim 80's own wgmma is
-        # 80 wide (kernel_traits_*.h). 80 has its own kernels: on 96's it did 20%
-        # more work; 112 runs on 128's (14% more), which its own would not repay
-        # in build time (benchmarks/RESULTS.md "Head dims between the built ones").
+        # 80 wide (kernel_traits_*.h). 80 has its own kernels (on 96's it did 20%
+        # more work: benchmarks/RESULTS.md, "Head dims between the built ones");
+        # 112 runs on 128's (14% more): a backward of its own would split dQ into
+        # 64 + 48 columns, which no slice of whole swizzle atoms gives.
         wide_mma=(("fwd", 256), ("fwd", 80), ("bwd", 80)),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
