@@ -60,7 +60,7 @@ struct ConsumerSteps {
   Masks const& masks;
   int batch, n_block;
   int i = 0;
-  int head = 0, m = 0;  // step i's query head and tile from the first: counted, not divided
+  int head = 0, m = 0;  // step i's query head and tile from the first, in BwdSteps::at's order: counted, not divided
 
   // The next step into `step`, its Q stage waited for where notes are read;
   // false at the key tile's end (its empty stage consumed).
