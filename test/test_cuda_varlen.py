@@ -522,3 +522,37 @@ def test_cuda_compiled_jagged_sdpa_inside_and_outside_enable():
     assert counters["stats"]["unique_graphs"] - graphs <= 1, dict(counters["stats"])
     with tfb.enable(strict=True):  # ours or an error: ours
         run(torch.compile(Attend(), fullgraph=True))
+
+
+@pytest.mark.gpu
+def test_cuda_compiled_jagged_sdpa_of_single_token_sequences():
+    """A compiled jagged call whose every sequence is one token (max_seqlen 1,
+    which Dynamo may specialise): each query sees its one key, so the output is
+    exactly v and dq = dk = 0, dv = d(out); our packed kernels serve it under
+    enable(strict=True), forward and backward, in a graph of its own."""
+    _cuda()
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(11)
+    heads, e = 4, 64
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True).transpose(1, 2)
+
+    compiled = torch.compile(attend, fullgraph=True)
+    for count in (1, 5):
+        parts = [[torch.randn(1, heads, e, generator=g).to(torch.bfloat16).cuda() for _ in range(count)]
+                 for _ in range(3)]
+        q, k, v = (torch.nested.nested_tensor(p, layout=torch.jagged, requires_grad=True) for p in parts)
+        tfb.reset_stats()
+        with tfb.enable(strict=True):
+            out = compiled(q, k, v)
+            out.values().float().square().sum().backward()
+        routed = tfb.stats()["routed"]
+        assert any("_fwd_bf16_hdim64" in n for n in routed) and any("_bwd_bf16_hdim64" in n for n in routed), routed
+        values_v = torch.cat(parts[2]).float()
+        # P is exp(0) = 1 up to rounding and dS = P (dP - rowsum(dO O)) nearly cancels
+        torch.testing.assert_close(out.values().float(), values_v, atol=0, rtol=8e-3)
+        for grad in (q.grad, k.grad):
+            torch.testing.assert_close(grad.values().float(), torch.zeros_like(values_v), atol=1e-3, rtol=0)
+        torch.testing.assert_close(v.grad.values().float(), 2 * values_v, atol=0, rtol=8e-3)
