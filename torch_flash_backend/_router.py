@@ -47,11 +47,10 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "f
 MASK_LONG_QUERY_REASON = (f"attn_mask with a query of {MIN_QUERY_LEN} or more tokens: no tiled forward family "
                           "allowed here reads a mask; PyTorch's SDPA serves it")
 MASK_GRAD_REASON = "attn_mask and inputs that require grad: no backward family allowed here reads such a mask"
-# Measured on an H100 (benchmarks/history/2026-11-28-varlen.md): the sm80 kernels on
-# packed batches ran at 0.85-1.06x PyTorch's flash kernel, so where the chip's
-# preferred family reads no packed batch (sm90 reads them: a build or a family list
-# without it), enable() leaves them to PyTorch (strict mode and flash_attn-style
-# pinned calls still take ours).
+# Measured on an H100 (benchmarks/history/2026-11-28-varlen.md): the sm80 kernels on packed
+# batches ran at 0.85-1.06x PyTorch's flash kernel, so where the chip's preferred family reads
+# no packed batch (sm90 reads them: a build or a family list without it), enable() leaves
+# them to PyTorch (strict mode and flash_attn-style pinned calls still take ours).
 PACKED_SLOWER_REASON = ("a packed variable-length batch: the {preferred} family, this chip's first, reads none, "
                         "and the {reader} kernels that do are not faster than PyTorch's flash kernel here "
                         "(benchmarks/history/2026-11-28-varlen.md); PyTorch's kernel serves it")
@@ -388,12 +387,13 @@ def _decide(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, needs_g
         fwd = f"cpu_fwd_{dtype_name}_hdim{e}"
         bwd = f"cpu_bwd_{dtype_name}_hdim{e}" if needs_grad else None
         decision = Decision(True, fwd, f"{detail}, backward by {bwd}" if bwd else detail, backward_kernel=bwd)
-    else:
+    else:  # K and V's bytes by numel() (nbytes raises on symbolic sizes), for one token only: else a guard
+        single = not masked and e == SINGLE_TOKEN_HEAD_DIM and length == 1 and (
+            k.numel() * k.element_size() + v.numel() * v.element_size() >= SINGLE_TOKEN_MIN_BYTES)
         decision = _pick_cuda_kernel(device, dtype_name, e, needs_grad, detail, _broadcast(q, k, v), length,
                                      hq // hkv, routing=not pinned,
                                      mask_kind="window" if window[0] >= 0 else mask_kind(attn_mask),
-                                     packed=packed is not None, ev=ev, dropout=dropout, single=not masked and e ==
-                                     SINGLE_TOKEN_HEAD_DIM and k.nbytes + v.nbytes >= SINGLE_TOKEN_MIN_BYTES)
+                                     packed=packed is not None, ev=ev, dropout=dropout, single=single)
     if not decision.served:
         return decision
     # Layout last: a head dim no kernel has is the real problem, not its strides.
