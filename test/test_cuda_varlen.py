@@ -529,7 +529,7 @@ def test_cuda_compiled_jagged_sdpa_of_single_token_sequences():
     """A compiled jagged call whose every sequence is one token (max_seqlen 1,
     which Dynamo may specialise): each query sees its one key, so the output is
     exactly v and dq = dk = 0, dv = d(out); our packed kernels serve it under
-    enable(strict=True), forward and backward, in a graph of its own."""
+    enable(strict=True), forward and backward, for one sequence and for five."""
     _cuda()
     import torch.nn.functional as F
     g = torch.Generator().manual_seed(11)
