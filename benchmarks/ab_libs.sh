@@ -8,6 +8,8 @@
 #
 # Build each variant here, copy its torch_flash_backend/lib/libtorch_flash_backend.so
 # to a folder of its own, and carry those folders to the GPU machine.
+# benchmarks/ab_table.py turns the output into one table, each library's best
+# against the first's.
 set -eu  # no pipefail: a bench that fails prints its "no rows" line and the rounds go on
 cd "$(dirname "$0")/.."
 args=$1
