@@ -1,8 +1,10 @@
 // Dropout's decisions, one rule for every kernel and for the mask the ops
 // return (dropout_mask.cu).
 //
-// Pair (query i, key j) of batch b, q head h is kept when its 16-bit draw is
-// at least params.h DropoutArgs::threshold. The draws come from Philox4x32-10
+// Pair (query i, key j) of batch b, q head h is kept when the low 14 bits of
+// its 16-bit draw are at least params.h DropoutArgs::threshold (14 bits: read
+// as float16 patterns, all finite and ordered as integers, one packed compare
+// decides two pairs). The draws come from Philox4x32-10
 // keyed by the generator's seed; the counter's low 64 bits are offset / 4 +
 // b * heads_q + h (PyTorch's generator hands out offsets in 32-bit draws, four
 // to a counter; the ops take 4 * batch * heads_q of them per call), its high
@@ -63,9 +65,10 @@ struct KeepBits {
 };
 
 struct Dropout {
+  static constexpr uint32_t kDrawMask2 = 0x3fff3fffu;  // the bits a draw decides with, in both halves
   uint2 key;
   uint2 counter;        // the low 64 bits of every draw's counter for this (batch, head)
-  uint32_t threshold2;  // the threshold in both halves, for __vcmpgeu2
+  uint32_t threshold2;  // the threshold in both halves
 
   CUTE_HOST_DEVICE static int cell_row(int i) { return (i >> 4) * 8 + (i & 7); }
   CUTE_HOST_DEVICE static int cell_col(int j) { return ((j >> 4) * 8 + (j & 7)) >> 1; }
@@ -91,8 +94,13 @@ struct Dropout {
   }
 
 #if defined(__CUDACC__)
-  // Per half: 0xffff where the draw keeps its pair.
-  CUTE_DEVICE uint32_t kept_halves(uint32_t word) const { return __vcmpgeu2(word, threshold2); }
+  // Per half: 0xffff where the draw keeps its pair: an unsigned compare of
+  // the 14-bit halves as float16 (one HSET2; __vcmpgeu2 is emulated in several).
+  CUTE_DEVICE uint32_t kept_halves(uint32_t word) const {
+    uint32_t kept;
+    asm("set.ge.u32.f16x2 %0, %1, %2;" : "=r"(kept) : "r"(word & kDrawMask2), "r"(threshold2));
+    return kept;
+  }
 
   // The keep bits of each value (r, c) of a (row, col) view of an accumulator
   // in the mma layout: rows (+8, row blocks), columns (+1, 8-column blocks,
@@ -158,6 +166,30 @@ struct Dropout {
   template <int kCols, int kCells>
   CUTE_DEVICE static bool kept_transposed(KeepBits<kCells> const& bits, int r, int c) {
     return bits.get((r / 2) * (kCols / 4) + c / 4, c & 3, r & 1);
+  }
+
+  // P converted to 16-bit pairs in registers (words: a recast of the
+  // accumulator in the mma layout, pair w = r + 2 g holding row i + 8 r and
+  // columns j + 8 g + {0, 1}; (i, j) the thread's first value in the
+  // sequence), its dropped values zeroed: per cell, a compare per draw word,
+  // a byte permute and an AND per pair (a bit per value, tested and selected,
+  // cost three times that).
+  template <class Words>
+  CUTE_DEVICE void drop_pairs(Words& words, int i, int j) const {
+    constexpr int kPairs = decltype(cute::size(words))::value;
+    static_assert(kPairs % 4 == 0, "16 x 16 blocks: four pairs a cell");
+    const int ci = cell_row(i), cj = cell_col(j);
+    CUTE_UNROLL
+    for (int k = 0; k < kPairs / 4; ++k) {
+      // Cell cj + 4 k: columns j + 16 k (+ 1, 8, 9). Words x, y, z, w: slots
+      // (row, col) (i, j | j + 8), (i + 8, j | j + 8), (i, j + 1 | j + 9), (i + 8, j + 1 | j + 9).
+      const uint4 d = draw(ci, cj + 4 * k);
+      const uint32_t x = kept_halves(d.x), y = kept_halves(d.y), z = kept_halves(d.z), w = kept_halves(d.w);
+      words(4 * k) &= __byte_perm(x, z, 0x5410);
+      words(4 * k + 1) &= __byte_perm(y, w, 0x5410);
+      words(4 * k + 2) &= __byte_perm(x, z, 0x7632);
+      words(4 * k + 3) &= __byte_perm(y, w, 0x7632);
+    }
   }
 
   // f(r, c, kept) for each value of keep_bits' view.

@@ -272,11 +272,12 @@ struct FwdMainloop {
         if (last && thread_idx % 128 == 0) shared.q_free.arrive();
       }
     };
-    // Dropout after the row sums (which count every pair); O's 1 / (1 - p)
-    // comes with its normalisation. Drawn before the row sums, while S = Q K^T
-    // is still on the tensor cores, the draws' registers spill (32 stores at
-    // E = 128); drawn for the next key tile at the end of a step, the next
-    // GEMMs wait for them (2-4% slower at E = 128 and 256).
+    // Dropout on P's 16-bit pairs, after the row sums (which count every
+    // pair); O's 1 / (1 - p) comes with its normalisation. Drawn before the
+    // row sums, while S = Q K^T is still on the tensor cores, the draws'
+    // registers spill (32 stores at E = 128); drawn for the next key tile at
+    // the end of a step, the next GEMMs wait for them (2-4% slower at E = 128
+    // and 256).
     const auto dropout = [&] {
       if constexpr (kDropout) {
         return Dropout::of(p.dropout, batch, head, p.heads_q);  // once: it may read the seed from memory
@@ -284,10 +285,10 @@ struct FwdMainloop {
         return 0;
       }
     }();
-    auto drop = [&](auto& s, int n_block) {
+    auto drop = [&](auto& p_regs, int n_block) {
       if constexpr (kDropout) {
-        dropout.for_each(acc_rowcol(tScS), m_block * kBlockM, n_block * kBlockN,
-                         [&](int r, int c, bool kept) { s(r, c) = kept ? s(r, c) : 0.f; });
+        Tensor words = recast<uint32_t>(p_regs);
+        dropout.drop_pairs(words, m_block * kBlockM + get<0>(tScS(0)), n_block * kBlockN + get<1>(tScS(0)));
       }
     };
     // predicate: the walk's (KeyWalk::first, below).
@@ -331,7 +332,6 @@ struct FwdMainloop {
     {
       Tensor s = acc_rowcol(acc_s);
       softmax.update_stats(s, scale_log2);  // O is still zero: nothing to rescale
-      drop(s, n_first);
     }
     // P in registers, and its view as P V's A operand.
     Tensor p_regs = [&] {
@@ -343,6 +343,7 @@ struct FwdMainloop {
         return convert_fragment<Element>(acc_s);
       }
     }();
+    drop(p_regs, n_first);
     Tensor tOrP = make_tensor(p_regs.data(), [&] {
       if constexpr (Traits::kFp8) {
         return p_regs.layout();
@@ -374,7 +375,6 @@ struct FwdMainloop {
       Tensor old_max = make_tensor_like(softmax.row_max);
       copy(softmax.row_max, old_max);
       softmax.update_stats(s, scale_log2);
-      drop(s, n_block);
       bool max_moved = true;
       if constexpr (Traits::kSkipUnitRescale) {
         max_moved = false;
@@ -392,6 +392,7 @@ struct FwdMainloop {
         convert_fp8_p_into(acc_s, p_regs);
       } else {
         convert_fragment_into(acc_s, p_regs);
+        drop(p_regs, n_block);
       }
       read_v = read;
       ++read;
