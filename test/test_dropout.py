@@ -137,6 +137,23 @@ def test_fake_kernels_shapes():
 
 
 @pytest.mark.gpu
+def test_p_moves_in_steps_of_a_16384th():
+    """A pair is kept when its draw's low 14 bits reach round(p * 16384): two p
+    that round alike drop the same pairs; one step more drops a subset's
+    complement, never a pair the smaller p kept."""
+    _need("sm80")
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    _, _, rng = ops.dropout_fwd(q, q, q, 0.1, None, False, "sm80", "sm80")
+    step = 1 / 16384
+    base = round(0.1 * 16384) * step
+    a = ops.dropout_mask(rng, base, 1, 2, 512, 512)
+    b = ops.dropout_mask(rng, base + 0.3 * step, 1, 2, 512, 512)
+    c = ops.dropout_mask(rng, base + step, 1, 2, 512, 512)
+    assert torch.equal(a, b)
+    assert not (c & ~a).any() and (a & ~c).any()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_kept_fraction(p):
     _need("sm80")
