@@ -171,9 +171,10 @@ struct Dropout {
   // P converted to 16-bit pairs in registers (words: a recast of the
   // accumulator in the mma layout, pair w = r + 2 g holding row i + 8 r and
   // columns j + 8 g + {0, 1}; (i, j) the thread's first value in the
-  // sequence), its dropped values zeroed: per cell, a compare per draw word,
-  // a byte permute and an AND per pair (a bit per value, tested and selected,
-  // cost three times that).
+  // sequence; i % 16 < 8 and j % 16 < 8, j even, as a lane's first value),
+  // its dropped values zeroed: per cell, a compare per draw word, a byte
+  // permute and an AND per pair (a bit per value, tested and selected, cost
+  // three times that).
   template <class Words>
   CUTE_DEVICE void drop_pairs(Words& words, int i, int j) const {
     constexpr int kPairs = decltype(cute::size(words))::value;

@@ -272,12 +272,12 @@ struct FwdMainloop {
         if (last && thread_idx % 128 == 0) shared.q_free.arrive();
       }
     };
-    // Dropout on P's 16-bit pairs, after the row sums (which count every
-    // pair); O's 1 / (1 - p) comes with its normalisation. Drawn before the
-    // row sums, while S = Q K^T is still on the tensor cores, the draws'
-    // registers spill (32 stores at E = 128); drawn for the next key tile at
-    // the end of a step, the next GEMMs wait for them (2-4% slower at E = 128
-    // and 256).
+    // Dropout on P's 16-bit pairs once converted (after the row sums, which
+    // count every pair, and after P V's wait, whose operand the pairs are);
+    // O's 1 / (1 - p) comes with its normalisation. As a bit per float before
+    // that wait it took 16% more of a step's instructions; drawn while
+    // S = Q K^T runs, the draws' registers spill (benchmarks/history/
+    // 2026-11-28-dropout.md, 2026-11-29-dropout-drawers.md).
     const auto dropout = [&] {
       if constexpr (kDropout) {
         return Dropout::of(p.dropout, batch, head, p.heads_q);  // once: it may read the seed from memory
