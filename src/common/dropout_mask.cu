@@ -19,7 +19,7 @@ __global__ void dropout_keep_mask_kernel(const DropoutArgs a, uint8_t* out, int 
     const uint4 w = d.draw(Dropout::cell_row(i), Dropout::cell_col(j));
     const int s = Dropout::slot(i, j);
     const uint32_t word = (s >> 1) == 0 ? w.x : (s >> 1) == 1 ? w.y : (s >> 1) == 2 ? w.z : w.w;
-    out[idx] = ((word >> (16 * (s & 1))) & (Dropout::kDrawMask2 & 0xffffu)) >= a.threshold ? 1 : 0;
+    out[idx] = (d.kept_halves(word) >> (16 * (s & 1))) & 1u;  // the kernels' compare
   }
 }
 
