@@ -16,6 +16,10 @@ constexpr int kMaxRows = 256;       // rows per kv head at most, a CTA per tile 
 
 constexpr int kStages = 3;          // tiles in a warp's ring: two in flight while one is read
 
+// The combine's CTA: four warps, each staging several splits at once (eight
+// lost where many rows have few splits each: benchmarks/history/2026-11-29-decode-small-calls.md).
+constexpr int kCombineThreads = 128;
+
 // With attn_mask a CTA first lists the tiles of its split that one of its rows
 // sees, in shared memory after the rings, and the warps take the listed tiles
 // alone: a static cache's unused tail costs a read of its mask bytes, not of

@@ -493,58 +493,99 @@ __global__ void __launch_bounds__(kThreads) split_kernel(__grid_constant__ const
   }
 }
 
+// kCols consecutive floats, global -> shared, in the widest asynchronous
+// copies their alignment allows (a row of kE floats starts 16-byte aligned).
+template <int kCols>
+__device__ __forceinline__ void cp_async_cols(float* dst, const float* src) {
+  constexpr int kBytes = kCols * 4 % 16 == 0 ? 16 : kCols * 4 % 8 == 0 ? 8 : 4;
+#pragma unroll
+  for (int c = 0; c < kCols; c += kBytes / 4) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_addr(dst + c)), "l"(src + c), "n"(kBytes));
+  }
+}
+
 // Merges the splits' partials: a CTA per (batch, q head, query position) row,
-// warp w summing splits w, w + kWarps, ... with several loads in flight, then
-// the warps' sums in warp order. (A warp a row, one dependent load a split at
-// a time: the call at B 1, 4 kv heads, S 16K, E 64, 128 splits, took 20.7 us
-// against 11.9 now.)
+// warp w taking splits w, w + 4, ... in rounds of kBatch, each round's copies
+// to shared memory all in flight before the first is read (register loads
+// went out one split at a time, ptxas placing each beside its use: a round
+// trip to L2 a split). Each weight is taken against the warp's running max
+// (one pass: a first pass for the max cost a round trip of its own), then
+// the warps' sums are rescaled to the row's max in warp order, so that every
+// run gives the same bits. (A warp a row, one dependent load a split at a
+// time: the call at B 1, 4 kv heads, S 16K, E 64, 128 splits, took 20.7 us
+// against 11.9 with a CTA; benchmarks/history/2026-11-29-decode-small-calls.md
+// has the one-pass and staged forms' numbers.)
 template <class Element, int kE>
-__global__ void __launch_bounds__(kThreads) combine_kernel(__grid_constant__ const AttnFwdParams p, const int splits) {
-  constexpr int kCols = kE / 32;
-  __shared__ float warp_out[kWarps][kE];
-  __shared__ float warp_total[kWarps];
-  __shared__ float warp_max[kWarps];
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(__grid_constant__ const AttnFwdParams p,
+                                                                  const int splits) {
+  constexpr int kCols = kE / 32, kCombineWarps = kCombineThreads / 32;
+  constexpr int kBatch = kE <= 128 ? 8 : 4;  // splits a warp stages per round: 16 KB of shared memory
+  __shared__ __align__(16) float staged[kCombineWarps][kBatch][kE];
+  __shared__ float staged_lse[kCombineWarps][kBatch];
+  __shared__ float warp_out[kCombineWarps][kE];
+  __shared__ float warp_total[kCombineWarps];
+  __shared__ float warp_max[kCombineWarps];
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.len_q;
   const int64_t row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   wait_previous_grid();  // the split kernel's partials
   let_next_grid_launch();
   const float* lse = p.split_kv.lse_partial + row;  // split s at lse[s * rows]
-  float lse_max = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += kThreads) lse_max = fmaxf(lse_max, lse[s * rows]);
+  float m = -INFINITY, total = 0.f, out[kCols] = {};
+  for (int first = warp; first < splits; first += kBatch * kCombineWarps) {
 #pragma unroll
-  for (int d = 16; d > 0; d /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, d));
-  if (lane == 0) warp_max[warp] = lse_max;
-  __syncthreads();
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = first + b * kCombineWarps;
+      if (s >= splits) break;
+      const float* partial = p.split_kv.o_partial + (s * rows + row) * kE + lane * kCols;
+      cp_async_cols<kCols>(&staged[warp][b][lane * kCols], partial);
+      if (lane == b) cp_async_cols<1>(&staged_lse[warp][b], lse + s * rows);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();  // the lse lanes' copies, seen by every lane
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) lse_max = fmaxf(lse_max, warp_max[w]);
-  const float ref = lse_max == -INFINITY ? 0.f : lse_max;
-  float total = 0.f, out[kCols] = {};
-#pragma unroll 4
-  for (int s = warp; s < splits; s += kWarps) {
-    const float w = expf(lse[s * rows] - ref);
-    total += w;
-    const float* o = p.split_kv.o_partial + (s * rows + row) * kE + lane * kCols;
+    for (int b = 0; b < kBatch; ++b) {
+      if (first + b * kCombineWarps >= splits) break;
+      const float x = staged_lse[warp][b];
+      const float m_new = fmaxf(m, x);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // no split sees a key yet: weights stay 0
+      const float keep = expf(m - ref), w = expf(x - ref);
+      m = m_new;
+      total = fmaf(total, keep, w);
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) out[c] = fmaf(w, o[c], out[c]);
+      for (int c = 0; c < kCols; ++c) out[c] = fmaf(w, staged[warp][b][lane * kCols + c], out[c] * keep);
+    }
+    __syncwarp();  // read before the next round's copies
   }
 #pragma unroll
   for (int c = 0; c < kCols; ++c) warp_out[warp][lane * kCols + c] = out[c];
-  if (lane == 0) warp_total[warp] = total;
+  if (lane == 0) {
+    warp_total[warp] = total;
+    warp_max[warp] = m;
+  }
   __syncthreads();
   const int position = int(row % p.len_q);
   const int head_q = int((row / p.len_q) % p.heads_q);
   const int batch = int(row / (int64_t(p.len_q) * p.heads_q));
   if (position >= p.seqlen_q(batch)) return;  // past a packed sequence's queries: the next one's rows
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) m_all = fmaxf(m_all, warp_max[w]);
+  const float ref = m_all == -INFINITY ? 0.f : m_all;
+  float scale[kCombineWarps];
   total = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += warp_total[w];
+  for (int w = 0; w < kCombineWarps; ++w) {
+    scale[w] = expf(warp_max[w] - ref);  // 0 for a warp whose splits see no key
+    total = fmaf(warp_total[w], scale[w], total);
+  }
   Element* o = static_cast<Element*>(p.o) + p.o_offset(batch) + int64_t(head_q) * p.o_head_stride +
                int64_t(position) * p.o_row_stride;
-  for (int c = threadIdx.x; c < kE; c += kThreads) {
+  for (int c = threadIdx.x; c < kE; c += kCombineThreads) {
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += warp_out[w][c];
+    for (int w = 0; w < kCombineWarps; ++w) sum = fmaf(warp_out[w][c], scale[w], sum);
     o[c] = Element(total == 0.f ? 0.f : sum / total);
   }
   if (threadIdx.x == 0) p.lse[p.lse_offset(batch, head_q) + position] = total == 0.f ? -INFINITY : ref + logf(total);

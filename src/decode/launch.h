@@ -39,16 +39,22 @@ inline bool fits(const AttnFwdParams& p) {
 }
 
 // Splits so that the CTAs fill the GPU's CTA slots about once (a second,
-// partial wave would leave SMs idle at the end), each with at least
-// kMinSplitKeys keys and a whole number of tiles; masked calls at most
-// kMaxMaskedSplitKeys keys each. (Twice as many splits for masked calls, so
-// that a cache's used part spreads over more SMs, measured slower: a second
-// wave of CTAs at 1K keys, 29 against 19 µs.)
+// partial wave would leave SMs idle at the end), or about half of them for a
+// single query token without a mask, each with at least kMinSplitKeys keys
+// and a whole number of tiles; masked calls at most kMaxMaskedSplitKeys keys
+// each. Half for single tokens: on an H200 (benchmarks/history/
+// 2026-11-29-decode-small-calls.md) fewer, longer splits cost less in the
+// combine and in each CTA's fixed start and merge than the SMs they leave
+// idle (B 1, GQA 8, S 4K, E 256: 12.9 against 16.2 µs); longer queries and
+// masked calls keep the full wave until measured. (Twice as many splits for
+// masked calls, so that a cache's used part spreads over more SMs, measured
+// slower: a second wave of CTAs at 1K keys, 29 against 19 µs.)
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::band_of(p.mask, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
   const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim, masked(p));
-  int64_t wanted = std::max<int64_t>(1, slots / ctas);
+  const int64_t fill = p.len_q == 1 && !masked(p) ? slots / 2 : slots;
+  int64_t wanted = std::max<int64_t>(1, fill / ctas);
   if (masked(p)) wanted = std::max<int64_t>(wanted, (keys + kMaxMaskedSplitKeys - 1) / kMaxMaskedSplitKeys);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;
   const int count = int(std::clamp<int64_t>(wanted, 1, std::min(most, kMaxSplits)));

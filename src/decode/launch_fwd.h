@@ -32,10 +32,10 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
-  auto config = [&](dim3 blocks, size_t smem) {
+  auto config = [&](dim3 blocks, size_t smem, int threads) {
     cudaLaunchConfig_t c{};
     c.gridDim = blocks;
-    c.blockDim = dim3(kThreads);
+    c.blockDim = dim3(threads);
     c.dynamicSmemBytes = smem;
     c.stream = stream;
     c.attrs = &overlap;
@@ -46,7 +46,7 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
     // Per device: set on every launch (the current device may differ from the last's).
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (e != cudaSuccess) return e;
-    const cudaLaunchConfig_t c = config(grid, smem);
+    const cudaLaunchConfig_t c = config(grid, smem, kThreads);
     return cudaLaunchKernelEx(&c, kernel, p, rows, splits);
   };
   err = masked(p) ? launch(split_kernel<Element, kHeadDim, true>, smem_bytes(kHeadDim, true))
@@ -54,7 +54,7 @@ cudaError_t launch_fwd(const AttnFwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (splits.count > 1) {
     const int64_t all_rows = int64_t(p.batch) * p.heads_q * p.len_q;  // a CTA each
-    const cudaLaunchConfig_t c = config(dim3(unsigned(all_rows)), 0);
+    const cudaLaunchConfig_t c = config(dim3(unsigned(all_rows)), 0, kCombineThreads);
     err = cudaLaunchKernelEx(&c, combine_kernel<Element, kHeadDim>, p, splits.count);
     if (err != cudaSuccess) return err;
   }
