@@ -51,25 +51,59 @@ struct ByteTile {
   }
 };
 
+// Where each lane's ldmatrix and stmatrix row addresses point, per warp step
+// (a 16-key group and a 32-dim block), as byte offsets into the landed tile
+// (ByteTile<kKeys, kDim>) and its transposed copy (ByteTile<kDim, kKeys>),
+// and which dim each of a lane's four words holds. Host code reads the same
+// functions (test/cpp/transpose_layout_check.cu replays a step lane by lane).
+template <int kKeys, int kDim>
+struct TransposeSteps {
+  using Src = ByteTile<kKeys, kDim>;
+  using Dst = ByteTile<kDim, kKeys>;
+  static constexpr int kBlocksPerAtom = Src::kWidth / 32;
+  // Lane 8m + r addresses row r of matrix m: for the load, key r of the
+  // group's first (m even) or last 8, dims 0-15 (m < 2) or 16-31 of the
+  // block; for the store, dim 2r + (m odd) (+ 16 for m >= 2) of the block,
+  // the group's 16 key positions.
+  CUTE_HOST_DEVICE static constexpr int load_lane(int lane) {
+    const int m = lane / 8, r = lane % 8;
+    return swizzled<Src::kWidth>((8 * (m & 1) + r) * Src::kWidth + 16 * (m >> 1));
+  }
+  CUTE_HOST_DEVICE static constexpr int store_lane(int lane) {
+    const int m = lane / 8, r = lane % 8;
+    return swizzled<Dst::kWidth>((2 * r + (m & 1) + 16 * (m >> 1)) * Dst::kWidth);
+  }
+  // The step's offsets given the lane's part (load_lane / store_lane): the
+  // swizzle commutes with them, an add and an XOR each.
+  CUTE_HOST_DEVICE static constexpr int load_row(int lane_part, int group, int block) {
+    return (block / kBlocksPerAtom) * (kKeys * Src::kWidth) + group * 16 * Src::kWidth +
+           (lane_part ^ ((block % kBlocksPerAtom) * 32));
+  }
+  CUTE_HOST_DEVICE static constexpr int store_row(int lane_part, int group, int block) {
+    const int col = group * 16;  // the group's 16 key positions in a dst row
+    return (col / Dst::kWidth) * (kDim * Dst::kWidth) + block * 32 * Dst::kWidth + (lane_part ^ (col % Dst::kWidth));
+  }
+  // __byte_perm selectors of a lane's words (w[0] and w[2]: `even`; w[1],
+  // w[3]: the other): with c = lane / 4, the ldmatrix's v[0] holds (key 2t:
+  // dims 2c, 2c + 1), (key 2t + 1: the same dims), v[1] the same for keys
+  // 2t + 8, 2t + 9, v[2] and v[3] as v[0] and v[1] 16 dims on; 0x6420 takes
+  // dim 2c of keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order), 0x7531 dim 2c + 1.
+  CUTE_HOST_DEVICE static constexpr uint32_t selector(int lane, bool even) { return even ? 0x6420u : 0x7531u; }
+};
+
 // src: a (kKeys, kDim) tile as TMA landed it (ByteTile<kKeys, kDim>); dst:
 // its (kDim, kKeys) transposed copy (ByteTile<kDim, kKeys>). Keys at or past
 // `keys` are written as zeros (a packed tile's rows of the next sequence).
 // 128 threads (a warpgroup), thread_idx among them.
 template <int kKeys, int kDim>
 CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, int thread_idx) {
-  using Src = ByteTile<kKeys, kDim>;
-  using Dst = ByteTile<kDim, kKeys>;
+  using Steps = TransposeSteps<kKeys, kDim>;
   static_assert(kKeys % 64 == 0 && kDim % 32 == 0);
   constexpr int kGroupsPerWarp = kKeys / 16 / 4;  // 16-key groups: warp w takes w, w + 4, ...
   const int lane = thread_idx % 32, warp = thread_idx / 32;
   const int t = lane % 4;
-  // Lane 8m + r addresses row r of matrix m: for the load, key r of the
-  // group's first (m even) or last 8, dims 0-15 (m < 2) or 16-31 of the
-  // block; for the store, dim 2r + (m odd) (+ 16 for m >= 2) of the block,
-  // the group's 16 key positions.
-  const int m = lane / 8, r = lane % 8;
-  const int src_lane = swizzled<Src::kWidth>((8 * (m & 1) + r) * Src::kWidth + 16 * (m >> 1));
-  const int dst_lane = swizzled<Dst::kWidth>((2 * r + (m & 1) + 16 * (m >> 1)) * Dst::kWidth);
+  const int load_lane = Steps::load_lane(lane), store_lane = Steps::store_lane(lane);
+  const uint32_t even = Steps::selector(lane, true), odd = Steps::selector(lane, false);
   const uint32_t src_base = static_cast<uint32_t>(__cvta_generic_to_shared(src));
   const uint32_t dst_base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   CUTE_UNROLL
@@ -82,25 +116,17 @@ CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, in
       CUTE_UNROLL
       for (int i = 0; i < 4; ++i) keep |= (group * 16 + 2 * t + key_of_position(i) < keys ? 0xffu : 0u) << (8 * i);
     }
-    const int col = group * 16;  // the group's 16 key positions in a dst row
     CUTE_UNROLL
     for (int b = 0; b < kDim / 32; ++b) {
-      constexpr int kBlocksPerAtom = Src::kWidth / 32;
-      const uint32_t from = src_base + (b / kBlocksPerAtom) * (kKeys * Src::kWidth) + group * 16 * Src::kWidth +
-                            (src_lane ^ ((b % kBlocksPerAtom) * 32));
-      const uint32_t to = dst_base + (col / Dst::kWidth) * (kDim * Dst::kWidth) + b * 32 * Dst::kWidth +
-                          (dst_lane ^ (col % Dst::kWidth));
+      const uint32_t from = src_base + Steps::load_row(load_lane, group, b);
+      const uint32_t to = dst_base + Steps::store_row(store_lane, group, b);
       uint32_t v[4];
       asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                    : "r"(from)
                    : "memory");
-      // With c = lane / 4, v[0]'s bytes are (key 2t: dims 2c, 2c + 1), (key
-      // 2t + 1: the same dims); v[1] the same for keys 2t + 8, 2t + 9; v[2]
-      // and v[3] as v[0] and v[1], 16 dims on. w: dims 2c, 2c + 1, 16 + 2c,
-      // 17 + 2c, keys in P's order.
-      const uint32_t w[4] = {__byte_perm(v[0], v[1], 0x6420) & keep, __byte_perm(v[0], v[1], 0x7531) & keep,
-                             __byte_perm(v[2], v[3], 0x6420) & keep, __byte_perm(v[2], v[3], 0x7531) & keep};
+      const uint32_t w[4] = {__byte_perm(v[0], v[1], even) & keep, __byte_perm(v[0], v[1], odd) & keep,
+                             __byte_perm(v[2], v[3], even) & keep, __byte_perm(v[2], v[3], odd) & keep};
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(to), "r"(w[0]),
                    "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
