@@ -16,10 +16,10 @@ args=$1
 shift
 ROUNDS=${ROUNDS:-2}
 BENCH=${BENCH:-bench_sdpa.py}
-# a table row of that bench: bench_sdpa.py's start with the mode, bench_decode.py's with B,
+# a table row of that bench: bench_sdpa.py's start with the mode, bench_decode.py's with B (bench_fp8.py's E),
 # bench_overhead.py's with the device, bench_varlen.py's with the batch's kind
 case $BENCH in
-  bench_decode.py) ROW='^| [0-9]' ;;
+  bench_decode.py|bench_fp8.py) ROW='^| [0-9]' ;;
   bench_overhead.py) ROW='^| c[up]' ;;
   bench_varlen.py) ROW='^| [a-z]* | [0-9]' ;;
   *) ROW='^| fwd' ;;
