@@ -67,24 +67,10 @@ def test_registry_lists_fp8_kernels_where_sm90_is_built():
     assert all(k.family == "sm90" and k.pass_ == "fwd" for k in kernels if k.dtype == "fp8")
 
 
-def test_transpose_offsets_match_the_rings_layouts(tmp_path):
+def test_transpose_offsets_match_the_rings_layouts(host_check):
     """src/sm90/transpose_v.h's hand-made byte offsets against the CuTe layouts
-    of the FP8 forward's V rings (test/cpp/transpose_layout_check.cu), compiled
-    as host code with nvcc."""
-    import os
-    import shutil
-    import subprocess
-
-    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.exists(nvcc) or shutil.which("g++") is None or not os.path.isdir(os.path.join(root, "src")):
-        pytest.skip("needs nvcc, a host compiler and the source tree")
-    cutlass_library = pytest.importorskip("cutlass_library", reason="needs the nvidia-cutlass wheel's headers")
-
-    cutlass = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
-    exe = tmp_path / "transpose_layout_check"
-    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", "-arch=sm_90a", "-I", os.path.join(root, "src"),
-                    "-I", cutlass, os.path.join(root, "test", "cpp", "transpose_layout_check.cu"), "-o", str(exe)],
-                   check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    of the FP8 forward's V rings, and a lane-by-lane host replay of the
+    transpose: every byte where the wgmma reads it, the loads' and stores' bank
+    conflicts counted (test/cpp/transpose_layout_check.cu)."""
+    out = host_check("transpose_layout_check")
     assert out.strip().splitlines()[-1] == "ok", out
