@@ -30,9 +30,8 @@ CPU_REASON = "CPU calls are served by PyTorch's own SDPA"
 DECODE_REASON = "short query: split-KV decode kernel not built; PyTorch's SDPA serves it faster"
 # Measured on an H200 (benchmarks/RESULTS.md, "Decode"), the decode family beats PyTorch's
 # SDPA from two query tokens up (1.7-10x at four); on one it is level at head dims 64 and 128
-# (0.90-1.13x; under 0.95 at GQA 8, B 1, S 1K-4K, E 128) and ahead at 256 once K and V hold
-# SINGLE_TOKEN_MIN_BYTES (1.06-1.39x; 0.88-1.04x below). enable() serves those single tokens
-# alone (probe.route_single_tokens: all of them),
+# (0.90-1.13x) and ahead at 256 once K and V hold SINGLE_TOKEN_MIN_BYTES (1.06-1.39x; 0.88-1.04x
+# below). enable() serves those single tokens alone (probe.route_single_tokens: all of them),
 # none with a boolean mask (cuDNN reads a fully used cache's mask 5-12% faster:
 # benchmarks/history/2026-11-v9-v27.md, v16). flash_attn and the ops (family="decode" or None) run any.
 ROUTE_SINGLE_TOKENS = False
