@@ -6,15 +6,18 @@
     python benchmarks/bench_decode.py --batch 8 --lens 1024 --queries 1 --profile   # kernels per call
     python benchmarks/bench_decode.py --packed        # packed batches (varlen), a table of their own
     python benchmarks/bench_decode.py --heads "32,8;32,32;32,4" --backends decode,cudnn   # GQA 4/1/8, two columns
+    python benchmarks/bench_decode.py --queries 1 --cold --calls 64   # caches read from DRAM, not the L2
 
 bf16, Hq = 32 query heads on Hkv = 8 kv heads (GQA 4:1), q as (B, L, H, E).transpose(1, 2),
 the cache (B, Hkv, S, E) contiguous, as Hugging Face passes them; no mask, or with
 --mask cache a boolean (B, 1, L, S) mask over a cache in use up to --used of its
 length (causal within the query block), as a static cache's generation step
 passes it (Hugging Face repeats K/V to Hq heads itself then: --heads 16,16). Each
-backend's call is captured ten times in a CUDA graph and the graph replayed, so
+backend's call is captured ten times (--calls) in a CUDA graph and the graph replayed, so
 the times are the GPU's alone (a decode step's attention takes microseconds,
-less than the host needs to issue it; generation loops replay graphs too).
+less than the host needs to issue it; generation loops replay graphs too). The
+calls read the same K and V, from the L2 where it holds them; --cold gives the
+calls copies to cycle through, more than twice the L2, as a model's layers do.
 Backends take turns, one replay each per round; medians.
 
 --packed: the batch as one packed variable-length batch (q (B·L, Hq, E), K/V
@@ -211,7 +214,9 @@ def dense_rows(args, hq, hkv, backends):
                     q = torch.randn(b, length, hq, e, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                     k = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
                     v = torch.randn(b, hkv, s, e, device="cuda", dtype=torch.bfloat16)
-                    graphs = {name: graph_of(call_for(name, q, k, v, mask)) for name in backends}
+                    copies = cold_copies(q, k, v, kv_bytes, args) if args.cold else [(q, k, v)]
+                    graphs = {name: graph_of(cycling([call_for(name, *c, mask) for c in copies]))
+                              for name in backends}
                     us = time_graphs({n: g for n, g in graphs.items() if g is not None}, args.rounds)
                     cells = [f"{us[n]:.1f}" if n in us else "-" for n in backends]
                     tbs = lambda t: f"{kv_bytes / (t * 1e-6) / 1e12:.2f}"
@@ -225,11 +230,33 @@ def dense_rows(args, hq, hkv, backends):
                     print(f"| {b} | {length} | {s} | {e} | " + " | ".join(cells) + " |", flush=True)
                     if args.profile:
                         print_breakdown({n: g for n, g in graphs.items() if g is not None})
-                    del graphs, q, k, v
+                    del graphs, q, k, v, copies
                     torch.cuda.empty_cache()
 
 
+def cold_copies(q, k, v, kv_bytes, args):
+    """--cold: q, K and V in as many copies (up to --calls) as make the graph's
+    calls cycle through more than twice the L2's bytes of K and V, so that each
+    call reads its cache from DRAM, as a generate step's layers each do."""
+    l2 = torch.cuda.get_device_properties(q.device).L2_cache_size
+    n = max(1, min(args.calls, -(-2 * l2 // kv_bytes) + 1))
+    return [(q, k, v)] + [(q.clone(), k.clone(), v.clone()) for _ in range(n - 1)]
+
+
+def cycling(fns):
+    """A call that runs fns[0], fns[1], ... in turn, one per call (a graph's
+    captured calls thus read the copies in turn)."""
+    state = {"next": 0}
+
+    def call():
+        fn = fns[state["next"] % len(fns)]
+        state["next"] += 1
+        return fn()
+    return call
+
+
 def main():
+    global CALLS_PER_GRAPH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--packed", action="store_true", help="packed batches (varlen_fwd, varlen_attn)")
     parser.add_argument("--batch", default="1,8,64")
@@ -244,7 +271,12 @@ def main():
     parser.add_argument("--used", type=float, default=1.0, help="with --mask cache: the share of the cache in use")
     parser.add_argument("--profile", action="store_true",
                         help="after each row, each backend's kernels per call (the profiler's µs) and their span")
+    parser.add_argument("--calls", type=int, default=CALLS_PER_GRAPH, help="calls captured in each graph")
+    parser.add_argument("--cold", action="store_true",
+                        help="dense rows: q, K and V in copies the graph's calls cycle through, more than twice "
+                             "the L2 (at most --calls copies), so that caches are read from DRAM")
     args = parser.parse_args()
+    CALLS_PER_GRAPH = args.calls
     pairs, backends = head_pairs(args.heads), backend_list(args.backends)
     for hq, hkv in pairs:
         if args.packed:
