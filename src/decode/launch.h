@@ -49,11 +49,14 @@ inline bool fits(const AttnFwdParams& p) {
 // masked calls keep the full wave until measured. (Twice as many splits for
 // masked calls, so that a cache's used part spreads over more SMs, measured
 // slower: a second wave of CTAs at 1K keys, 29 against 19 µs.)
+// The calls the half-slot rule below is measured on: one query token, no mask in memory.
+inline bool single_token(const AttnFwdParams& p) { return p.len_q == 1 && !masked(p); }
+
 inline Splits splits_for(const AttnFwdParams& p) {
   const int keys = mask::band_of(p.mask, p.len_q, p.len_k).key_end(p.len_q - 1);
   const int64_t ctas = int64_t(p.batch) * p.heads_kv * Rows{rows_per_kv_head(p), 1}.tiles();
   const int64_t slots = int64_t(std::max(p.num_sms, 1)) * ctas_per_sm(p.head_dim, masked(p));
-  const int64_t fill = p.len_q == 1 && !masked(p) ? slots / 2 : slots;
+  const int64_t fill = single_token(p) ? slots / 2 : slots;
   int64_t wanted = std::max<int64_t>(1, fill / ctas);
   if (masked(p)) wanted = std::max<int64_t>(wanted, (keys + kMaxMaskedSplitKeys - 1) / kMaxMaskedSplitKeys);
   const int most = (keys + kMinSplitKeys - 1) / kMinSplitKeys;

@@ -35,8 +35,7 @@ void check(const tfb::AttnFwdParams& p) {
   if (s.count > (keys + kMinSplitKeys - 1) / kMinSplitKeys && s.count > 1) fail(p, "more splits than the floor allows");
   if (masked(p) && s.chunk > kMaxMaskedSplitKeys) fail(p, "a masked split longer than its tile list");
   if (!masked(p) && ctas <= slots && s.count * ctas > slots) fail(p, "a second wave of CTAs");
-  const bool single = !masked(p) && p.len_q == 1;
-  if (single && s.count > 1 && s.count * ctas > slots / 2) fail(p, "a single token past half the slots");
+  if (single_token(p) && s.count > 1 && s.count * ctas > slots / 2) fail(p, "a single token past half the slots");
   const size_t partials = size_t(s.count) * p.batch * p.heads_q * p.len_q * (p.head_dim + 1) * sizeof(float);
   if (workspace_bytes(p) != (s.count == 1 ? 0 : partials)) fail(p, "workspace size");
 }
