@@ -63,15 +63,19 @@ struct TransposeSteps {
   static constexpr int kBlocksPerAtom = Src::kWidth / 32;
   // Lane 8m + r addresses row r of matrix m: for the load, key r of the
   // group's first (m even) or last 8, dims 0-15 (m < 2) or 16-31 of the
-  // block; for the store, dim 2r + (m odd) (+ 16 for m >= 2) of the block,
-  // the group's 16 key positions.
+  // block; for the store, dim 2r + (m odd, flipped for r >= 4) (+ 16 for
+  // m >= 2) of the block, the group's 16 key positions. The flip puts a
+  // matrix's eight rows at dims 0, 2, 4, 6, 9, 11, 13, 15 (or 1, 3, 5, 7, 8,
+  // 10, 12, 14): eight residues mod 8, so eight different 16-byte columns of
+  // the swizzled rows and no bank twice (dims 2r alone, residues 0, 2, 4, 6
+  // twice each, cost each stored matrix a second pass).
   CUTE_HOST_DEVICE static constexpr int load_lane(int lane) {
     const int m = lane / 8, r = lane % 8;
     return swizzled<Src::kWidth>((8 * (m & 1) + r) * Src::kWidth + 16 * (m >> 1));
   }
   CUTE_HOST_DEVICE static constexpr int store_lane(int lane) {
     const int m = lane / 8, r = lane % 8;
-    return swizzled<Dst::kWidth>((2 * r + (m & 1) + 16 * (m >> 1)) * Dst::kWidth);
+    return swizzled<Dst::kWidth>((2 * r + ((m & 1) ^ (r >> 2)) + 16 * (m >> 1)) * Dst::kWidth);
   }
   // The step's offsets given the lane's part (load_lane / store_lane): the
   // swizzle commutes with them, an add and an XOR each.
@@ -88,7 +92,10 @@ struct TransposeSteps {
   // dims 2c, 2c + 1), (key 2t + 1: the same dims), v[1] the same for keys
   // 2t + 8, 2t + 9, v[2] and v[3] as v[0] and v[1] 16 dims on; 0x6420 takes
   // dim 2c of keys 2t, 2t + 1, 2t + 8, 2t + 9 (P's order), 0x7531 dim 2c + 1.
-  CUTE_HOST_DEVICE static constexpr uint32_t selector(int lane, bool even) { return even ? 0x6420u : 0x7531u; }
+  // Lanes of c >= 4 give matrix 0 (and 2) dim 2c + 1: the store's flip.
+  CUTE_HOST_DEVICE static constexpr uint32_t selector(int lane, bool even) {
+    return even != (lane / 4 >= 4) ? 0x6420u : 0x7531u;
+  }
 };
 
 // src: a (kKeys, kDim) tile as TMA landed it (ByteTile<kKeys, kDim>); dst:
