@@ -92,7 +92,7 @@ FAMILIES = (
         # more work: benchmarks/RESULTS.md, "Head dims between the built ones");
         # 112 runs on 128's (14% more): a backward of its own would split dQ into
         # 64 + 48 columns, which no slice of whole swizzle atoms gives.
-        wide_mma=(("fwd", 256), ("fwd", 80), ("bwd", 80)),
+        wide_mma=(("fwd", 256), ("fwd", 80), ("bwd", 80), ("fwd_fp8", 64), ("fwd_fp8", 128)),
         # TMA cannot describe a stride of 0; its descriptors want 16-byte strides.
         # The backward reads a boolean mask alone (sm80's serves additive ones).
         # Packed batches: both passes take their tiles from a list (the deterministic

@@ -62,9 +62,9 @@ struct FwdTraits {
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256);
   // The producer needs few registers; the consumers hold S, P and O. Below 40
   // the producer spills its tile walk, which cost up to 8% at head dim 256.
-  // The FP8 producer warpgroup also transposes V (more live registers).
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 72 : 40) : 32;
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? (kFp8 ? 216 : 232) : 160;
+  // FP8's producer warpgroup also transposes V, in few registers (transpose_v.h).
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 2 ? 40 : 32;
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 2 ? 232 : 160;
   // setmaxnreg only moves registers within what the CTA was launched with (the
   // per-thread count ptxas gives every thread of a one-CTA-per-SM kernel): a
   // larger sum leaves the consumers waiting forever for registers.
@@ -218,12 +218,16 @@ struct FwdConfig<Element, 256>
     : TileChoice<FwdTraits<Element, 256, 128, 80, 2>, FwdTraits<Element, 256, 128, 64, 2>, 1024> {};
 
 // e4m3 inputs: key tiles a multiple of FP8 wgmma's 32-key step, and room for
-// the transposed V ring and a bfloat16 O (head dim 256: 64-key tiles). Head
-// dim 128 reads Q from registers (16 of them) as the 16-bit forward does.
+// the transposed V ring and a bfloat16 O (head dim 256: 64-key tiles). Wide
+// tiles: at twice the 16-bit wgmma rate, each key tile's fixed work (row max
+// and sum, barriers, O's rescale) weighs twice as much. Against 128 x 128 x 3
+// (benchmarks/history/2026-11-28-fp8.md, try H): head dim 64 with three
+// consumer warpgroups, 192 x 160, +14-35%; head dim 128, 128 x 224 with Q
+// from shared memory (S's 112 registers leave none for Q), +1-9%.
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 128, 128, 3>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 192, 160, 2>> {};
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 128, 3, true>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 224, 2>> {};
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 256> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 256, 128, 64, 2>> {};
 

@@ -61,6 +61,9 @@ struct TransposeSteps {
   using Src = ByteTile<kKeys, kDim>;
   using Dst = ByteTile<kDim, kKeys>;
   static constexpr int kBlocksPerAtom = Src::kWidth / 32;
+  // 16-key groups: warp w takes w, w + 4, ... (224 keys: 14, so warps 2 and 3 take three).
+  static constexpr int kGroups = kKeys / 16;
+  static constexpr int kGroupsPerWarp = (kGroups + 3) / 4;
   // Lane 8m + r addresses row r of matrix m: for the load, key r of the
   // group's first (m even) or last 8, dims 0-15 (m < 2) or 16-31 of the
   // block; for the store, dim 2r + (m odd, flipped for r >= 4) (+ 16 for
@@ -105,8 +108,7 @@ struct TransposeSteps {
 template <int kKeys, int kDim>
 CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, int thread_idx) {
   using Steps = TransposeSteps<kKeys, kDim>;
-  static_assert(kKeys % 64 == 0 && kDim % 32 == 0);
-  constexpr int kGroupsPerWarp = kKeys / 16 / 4;  // 16-key groups: warp w takes w, w + 4, ...
+  static_assert(kKeys % 16 == 0 && kDim % 32 == 0);
   const int lane = thread_idx % 32, warp = thread_idx / 32;
   const int t = lane % 4;
   const int load_lane = Steps::load_lane(lane), store_lane = Steps::store_lane(lane);
@@ -114,8 +116,9 @@ CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, in
   const uint32_t src_base = static_cast<uint32_t>(__cvta_generic_to_shared(src));
   const uint32_t dst_base = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   CUTE_UNROLL
-  for (int gi = 0; gi < kGroupsPerWarp; ++gi) {
+  for (int gi = 0; gi < Steps::kGroupsPerWarp; ++gi) {
     const int group = warp + 4 * gi;
+    if (Steps::kGroups % 4 != 0 && group >= Steps::kGroups) break;
     // A lane's words hold keys 16 group + 2t + {0, 1, 8, 9} (bytes 0-3).
     uint32_t keep = 0xffffffffu;
     if (keys < kKeys) {

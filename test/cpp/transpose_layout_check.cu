@@ -7,6 +7,8 @@
 // it, zeros past `keys`, and how many shared-memory bank conflicts each
 // 8x8 matrix's rows have. Host code; run by test/test_fp8.py, which reads the
 // last line ("ok" or the failures).
+// The traits name wgmma widths such as 224 (registry.py's wide_mma).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -71,8 +73,9 @@ void replay(int keys, int& load_conflicts, int& store_conflicts) {
   std::vector<uint8_t> src(kKeys * kHeadDim), dst(kKeys * kHeadDim, 0xee);
   for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 131 + 7 + (i >> 8));  // no two rows alike
   for (int warp = 0; warp < 4; ++warp) {
-    for (int gi = 0; gi < kKeys / 64; ++gi) {
+    for (int gi = 0; gi < Steps::kGroupsPerWarp; ++gi) {
       const int group = warp + 4 * gi;
+      if (group >= Steps::kGroups) break;
       for (int b = 0; b < kHeadDim / 32; ++b) {
         int from[32], to[32];
         for (int lane = 0; lane < 32; ++lane) {
