@@ -77,7 +77,8 @@ void launch(const PassKernels<Params>& chosen, Params& p, DType dtype, const at:
 DropoutArgs dropout_of(double dropout_p) {
   TORCH_CHECK(dropout_p > 0.0 && dropout_p < 1.0, "dropout_p must be in (0, 1), got ", dropout_p);
   DropoutArgs a;
-  a.threshold = uint32_t(std::min(16383.0, std::max(1.0, std::nearbyint(dropout_p * 16384.0))));  // 14-bit draws
+  const double draws = DropoutArgs::kDraws;  // p in steps of 1 / draws, at least one and at most draws - 1
+  a.threshold = uint32_t(std::min(draws - 1.0, std::max(1.0, std::nearbyint(dropout_p * draws))));
   a.keep_scale = float(1.0 / (1.0 - dropout_p));
   return a;
 }

@@ -1,10 +1,10 @@
 // Dropout's decisions, one rule for every kernel and for the mask the ops
 // return (dropout_mask.cu).
 //
-// Pair (query i, key j) of batch b, q head h is kept when the low 14 bits of
-// its 16-bit draw are at least params.h DropoutArgs::threshold (14 bits: read
-// as float16 patterns, all finite and ordered as integers, one packed compare
-// decides two pairs). The draws come from Philox4x32-10
+// Pair (query i, key j) of batch b, q head h is kept when the low
+// DropoutArgs::kDrawBits (params.h: 14) bits of its 16-bit draw are at least
+// DropoutArgs::threshold (read as float16 patterns, all finite and ordered as
+// integers up to 14 bits, one packed compare decides two pairs). The draws come from Philox4x32-10
 // keyed by the generator's seed; the counter's low 64 bits are offset / 4 +
 // b * heads_q + h (PyTorch's generator hands out offsets in 32-bit draws, four
 // to a counter; the ops take 4 * batch * heads_q of them per call), its high
@@ -65,7 +65,10 @@ struct KeepBits {
 };
 
 struct Dropout {
-  static constexpr uint32_t kDrawMask2 = 0x3fff3fffu;  // the bits a draw decides with, in both halves
+  // The bits a draw decides with, in both halves; from 15 bits on some would
+  // read as float16 infinities and NaNs.
+  static_assert(DropoutArgs::kDrawBits <= 14, "draws compare as finite float16 patterns");
+  static constexpr uint32_t kDrawMask2 = (DropoutArgs::kDraws - 1) * 0x00010001u;
   uint2 key;
   uint2 counter;        // the low 64 bits of every draw's counter for this (batch, head)
   uint32_t threshold2;  // the threshold in both halves
