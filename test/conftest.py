@@ -39,4 +39,3 @@ def host_check(tmp_path):
         return subprocess.run([str(exe)], capture_output=True, text=True).stdout
 
     return run
-
