@@ -209,6 +209,29 @@ def test_cuda_fp8_nan_stays_in_its_head():
     assert out[0, [0, 2, 3]].isfinite().all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_cuda_fp8_nan_score_reaches_the_rows_that_see_it(head_dim, is_causal):
+    """A NaN key (e4m3 0x7f) makes NaN exactly the rows that see it: each head's
+    NaN key sits at another offset, so that it lands in each of a thread's
+    column slots (exponentials on the ex2 unit and on the FMA pipes alike), and
+    the rows before it under the causal mask stay finite."""
+    _hopper()
+    h, l = 8, 200
+    q, k, v = _inputs(1, h, h, l, l, head_dim, seed=head_dim + 11, outliers=False)
+    (q8, qs), (k8, ks), (v8, vs) = _quantize(q, 1), _quantize(k, 1), _quantize(v, 1)
+    where = [3 + 13 * i for i in range(h)]  # key % 32: 3, 16, 29, 10, 23, 4, 17, 30
+    for i, p in enumerate(where):
+        k8.view(torch.uint8)[0, i, p] = 0x7F
+    out, _ = ops.fp8_fwd(q8.cuda(), k8.cuda(), v8.cuda(), qs.cuda(), ks.cuda(), vs.cuda(), None, is_causal)
+    out = out.cpu()
+    for i, p in enumerate(where):
+        first = p if is_causal else 0
+        assert out[0, i, :first].isfinite().all(), (i, p)
+        assert out[0, i, first:].isnan().all(), (i, p)
+
+
 def _packed(lens_q, lens_k, h, e, seed):
     g = torch.Generator().manual_seed(seed)
     cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)

@@ -1,7 +1,8 @@
 // The forward's epilogue: each consumer warpgroup sends its 64 rows of
-// normalised O registers -> shared memory (stmatrix; O's own buffer, or Q's
-// when only that fits) -> global memory with one TMA store, which also drops
-// the rows past the sequence end; the warpgroups never wait for each other. The
+// normalised O registers -> shared memory (stmatrix; O's own buffer, else
+// Q's, or with FP8 the transposed V ring's bytes) -> global memory with one
+// TMA store, which also drops the rows past the sequence end; the warpgroups
+// wait for each other only in the V ring, which they all read to the end. The
 // logsumexp goes straight from registers to global memory.
 //
 // In a packed batch the rows past a sequence's end are the next sequence's:
@@ -45,8 +46,24 @@ struct FwdEpilogue {
 
     // This warpgroup's slab is free once its previous store has read it (O's
     // own buffer) or once its last Q K^T has (Q's buffer): both are its own.
+    // In the V ring's bytes (FP8) it is free once every consumer's last P V
+    // has read them.
+    constexpr bool kInVt = Traits::kOPlace == Traits::OPlace::kVt;
     if (Traits::kSeparateO && warpgroup_thread == 0) tma_store_wait<0>();
-    named_barrier_sync(barrier, 128);
+    if constexpr (kInVt) {
+      named_barrier_sync(int(Barrier::kOInVt), Traits::kConsumerThreads);
+    } else {
+      named_barrier_sync(barrier, 128);
+    }
+    // Q's buffer or the V ring's bytes: free for the next tile's Q or V once
+    // this warpgroup's stores have read its slab.
+    auto free_buffer = [&] {
+      if constexpr (kInVt) {
+        shared.o_free.arrive();
+      } else if constexpr (!Traits::kSeparateO) {
+        shared.q_free.arrive();
+      }
+    };
     Tensor sO = local_tile(make_tensor(make_smem_ptr(Traits::o_buffer(shared)), typename Traits::SmemLayoutO{}),
                            Shape<_64, Int<kHeadDim>>{}, make_coord(warpgroup, 0));
     Tensor o_regs = convert_fragment<Element>(acc_o);
@@ -67,10 +84,9 @@ struct FwdEpilogue {
         auto thr_tma = p.tma_o.get_slice(0);
         copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
         tma_store_arrive();
-        if constexpr (!Traits::kSeparateO) {
-          // The next tile's Q may land in these rows once the store has read them.
+        if constexpr (!Traits::kSeparateO || kInVt) {
           tma_store_wait<0>();
-          shared.q_free.arrive();
+          free_buffer();
         }
       }
     } else if constexpr (kPackedTile<Tile>) {
@@ -81,9 +97,9 @@ struct FwdEpilogue {
         const int r = i / pieces, c = (i % pieces) * 8;
         *reinterpret_cast<uint4*>(o_rows + r * p.o_row_stride + c) = *reinterpret_cast<const uint4*>(&sO(r, c));
       }
-      if constexpr (!Traits::kSeparateO) {
+      if constexpr (!Traits::kSeparateO || kInVt) {
         named_barrier_sync(barrier, 128);
-        if (warpgroup_thread == 0) shared.q_free.arrive();
+        if (warpgroup_thread == 0) free_buffer();
       }
     }
 

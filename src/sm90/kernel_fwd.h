@@ -110,6 +110,9 @@ CUTE_DEVICE void fwd_cta(FwdKernelParams<Traits, Policy, kPacked> const& p) {
     // Each consumer warpgroup frees Q: after its last Q K^T (separate O), else
     // once its O store has read the buffer.
     shared.q_free.init(Traits::kConsumerWarpgroups);
+    if constexpr (Traits::kOPlace == Traits::OPlace::kVt) {
+      shared.o_free.init(Traits::kConsumerWarpgroups);  // each consumer warpgroup's O store has read its slab
+    }
     shared.handoff.init();
   }
 

@@ -35,7 +35,8 @@ enum class Barrier : int {
   kEpilogue = 1,       // + consumer warpgroup index: its warps, around its O rows in shared memory
   kWarpgroupTurn = 4,  // + consumer warpgroup index: whose turn it is to issue Q K^T
   kForeignV = 7,       // every consumer: a packed tile's V rows of another sequence are cleared
-  kProducer = 8        // FP8: the producer warpgroup, around a dynamic scheduler's next unit
+  kProducer = 8,       // FP8: the producer warpgroup, around a dynamic scheduler's next unit
+  kOInVt = 9           // every consumer: P V has read the last V tile before O takes its ring's bytes
 };
 
 // Policy: a band (mask.h Band) or a mask in memory
@@ -139,8 +140,15 @@ struct FwdMainloop {
     const bool leader = thread_idx == 0;
 
     // FP8: V tile `stage` landed -> its transposed copy, keys past `keys` zero.
+    // OPlace::kVt: the ring's bytes hold the previous tile's O until its stores
+    // have read them (the first transpose of a tile waits for them).
+    int o_wait = -1;  // the phase of o_free to wait for, or none
     auto transpose_v = [&](PipelineState const& stage, int keys) {
       if constexpr (Traits::kFp8) {
+        if constexpr (Traits::kOPlace == Traits::OPlace::kVt) {
+          if (o_wait >= 0) shared.o_free.wait(o_wait);
+          o_wait = -1;
+        }
         const PipelineState landed{stage.index(), stage.phase() ^ 1, stage.count()};
         pipeline_v.consumer_wait(landed);
         pipeline_vt.producer_acquire(stage);
@@ -172,6 +180,7 @@ struct FwdMainloop {
       auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
       auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
+      if (local_tile_count > 0) o_wait = (local_tile_count - 1) & 1;
       const Mask& mask = masks.mask(tile);
       KeyWalk<false> walk(mask, tile.m_block);
       bool predicate;  // the consumers' concern: every visited tile loads alike
