@@ -213,10 +213,10 @@ def test_cuda_fp8_nan_stays_in_its_head():
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_cuda_fp8_nan_score_reaches_the_rows_that_see_it(head_dim, is_causal):
-    """A NaN key (e4m3 0x7f) makes NaN exactly the rows that see it: each head's
-    NaN key sits at another offset, so that it lands in each of a thread's
-    column slots (exponentials on the ex2 unit and on the FMA pipes alike), and
-    the rows before it under the causal mask stay finite."""
+    """A NaN key (e4m3 0x7f) makes NaN exactly the rows that see it (the row max
+    skips NaN, its exponential does not): each head's NaN key sits at another
+    offset, so that it lands in several of a thread's column slots, and the
+    rows before it under the causal mask stay finite."""
     _hopper()
     h, l = 8, 200
     q, k, v = _inputs(1, h, h, l, l, head_dim, seed=head_dim + 11, outliers=False)
