@@ -6,8 +6,11 @@ instruction count and its most frequent opcodes.
     python scripts/sass_loops.py build/temp/src/decode/instantiations/fwd_hdim128_decode.o --arch sm_90
 
 Counts are static: a branch inside the body (a partial tile's path beside a
-whole one's) counts both sides, so read the body to see what one iteration
-issues. cuobjdump needs nvdisasm beside it; on a machine without the CUDA
+whole one's) counts both sides. --paths adds what one iteration issues: the
+shortest and the longest path through the body's forward branches (usually a
+whole tile's with every optional block skipped, and a masked tile's with all
+of them), with the shortest path's mix; a branch that leaves the body (a
+barrier's retry, the loop's exit) counts as not taken. cuobjdump needs nvdisasm beside it; on a machine without the CUDA
 toolkit's binaries both come from pip (`pip download nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm`, their wheels hold nvidia/cu13/bin/).
 """
@@ -54,12 +57,43 @@ def loops(instructions: list[tuple[int, str]]):
             yield target, address, body
 
 
+def paths(first: int, body: list[tuple[int, str]]):
+    """(shortest, longest) instruction counts of one pass from the body's first
+    instruction to its closing branch, over its forward branches, and the
+    shortest path's instructions."""
+    position = {address: i for i, (address, _) in enumerate(body)}
+    n = len(body)
+    shortest, longest, step = [1] * n, [1] * n, [None] * n
+    for i in range(n - 2, -1, -1):
+        text = body[i][1]
+        m = BRANCH.search(text)
+        target = position.get(int(m.group(1), 16)) if m else None
+        if m and target is not None and target > i:
+            successors = [target] + ([i + 1] if PREDICATE.match(text) else [])
+        else:
+            successors = [i + 1]  # no branch, or one leaving the body or going back: fall through
+        step[i] = min(successors, key=lambda j: shortest[j])
+        shortest[i] = 1 + shortest[step[i]]
+        longest[i] = 1 + max(longest[j] for j in successors)
+    walk, i = [], 0
+    while i is not None:
+        walk.append(body[i][1])
+        i = step[i]
+    return shortest[0], longest[0], walk
+
+
+def mix_of(texts, top):
+    ops = collections.Counter(PREDICATE.sub("", t).split()[0].split(".")[0] for t in texts if t)
+    return ", ".join(f"{op} {n}" for op, n in ops.most_common(top))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("binary")
     parser.add_argument("--kernel", default="", help="only kernels whose mangled name holds this")
     parser.add_argument("--arch", default="", help="only this architecture (e.g. sm_90)")
     parser.add_argument("--top", type=int, default=12, help="opcodes listed per loop")
+    parser.add_argument("--paths", action="store_true", help="also the shortest and longest pass through each loop")
     parser.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump")
     args = parser.parse_args()
     found = 0
@@ -68,9 +102,11 @@ def main() -> int:
             continue
         for first, last, body in loops(instructions):
             found += 1
-            ops = collections.Counter(PREDICATE.sub("", t).split()[0].split(".")[0] for t in body if t)
-            mix = ", ".join(f"{op} {n}" for op, n in ops.most_common(args.top))
-            print(f"{arch} {name[:100]}\n  loop {first:#x}-{last:#x}: {len(body)} instructions; {mix}")
+            print(f"{arch} {name[:100]}\n  loop {first:#x}-{last:#x}: {len(body)} instructions; {mix_of(body, args.top)}")
+            if args.paths:
+                span = [(a, t) for a, t in instructions if first <= a <= last]
+                short, long, walk = paths(first, span)
+                print(f"    a pass: {short} to {long} instructions; the shortest: {mix_of(walk, args.top)}")
     if not found:
         print("no loop with tensor-core instructions in the kernels selected", file=sys.stderr)
     return 0 if found else 1
