@@ -102,7 +102,8 @@ def main() -> int:
             continue
         for first, last, body in loops(instructions):
             found += 1
-            print(f"{arch} {name[:100]}\n  loop {first:#x}-{last:#x}: {len(body)} instructions; {mix_of(body, args.top)}")
+            mix = mix_of(body, args.top)
+            print(f"{arch} {name[:100]}\n  loop {first:#x}-{last:#x}: {len(body)} instructions; {mix}")
             if args.paths:
                 span = [(a, t) for a, t in instructions if first <= a <= last]
                 short, long, walk = paths(first, span)
