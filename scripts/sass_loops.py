@@ -10,7 +10,9 @@ whole one's) counts both sides. --paths adds what one iteration issues: the
 shortest and the longest path through the body's forward branches (usually a
 whole tile's with every optional block skipped, and a masked tile's with all
 of them), with the shortest path's mix; a branch that leaves the body (a
-barrier's retry, the loop's exit) counts as not taken. cuobjdump needs nvdisasm beside it; on a machine without the CUDA
+barrier's retry, the loop's exit) counts as not taken.
+
+cuobjdump needs nvdisasm beside it; on a machine without the CUDA
 toolkit's binaries both come from pip (`pip download nvidia-cuda-cuobjdump
 nvidia-cuda-nvdisasm`, their wheels hold nvidia/cu13/bin/).
 """
@@ -45,19 +47,20 @@ def kernels(cuobjdump: str, binary: str) -> dict[tuple[str, str], list[tuple[int
 
 
 def loops(instructions: list[tuple[int, str]]):
-    """(first address, branch address, body) of each backward branch whose body holds an MMA."""
+    """(first address, branch address, body as (address, instruction)) of each
+    backward branch whose body holds an MMA."""
     index = {address: i for i, (address, _) in enumerate(instructions)}
     for i, (address, text) in enumerate(instructions):
         m = BRANCH.search(text)
         target = int(m.group(1), 16) if m else None
         if target is None or target >= address or target not in index:
             continue
-        body = [t for _, t in instructions[index[target]:i + 1]]
-        if any(t.split()[0].split(".")[0] in MMA for t in (PREDICATE.sub("", b) for b in body) if t):
+        body = instructions[index[target]:i + 1]
+        if any(t.split()[0].split(".")[0] in MMA for t in (PREDICATE.sub("", b) for _, b in body) if t):
             yield target, address, body
 
 
-def paths(first: int, body: list[tuple[int, str]]):
+def paths(body: list[tuple[int, str]]):
     """(shortest, longest) instruction counts of one pass from the body's first
     instruction to its closing branch, over its forward branches, and the
     shortest path's instructions."""
@@ -102,11 +105,10 @@ def main() -> int:
             continue
         for first, last, body in loops(instructions):
             found += 1
-            mix = mix_of(body, args.top)
+            mix = mix_of([t for _, t in body], args.top)
             print(f"{arch} {name[:100]}\n  loop {first:#x}-{last:#x}: {len(body)} instructions; {mix}")
             if args.paths:
-                span = [(a, t) for a, t in instructions if first <= a <= last]
-                short, long, walk = paths(first, span)
+                short, long, walk = paths(body)
                 print(f"    a pass: {short} to {long} instructions; the shortest: {mix_of(walk, args.top)}")
     if not found:
         print("no loop with tensor-core instructions in the kernels selected", file=sys.stderr)

@@ -24,7 +24,7 @@ def test_optional_block_and_exit():
         "MUFU.EX2 R6, R7",
         "@P2 BRA 0x0",  # the loop's closing branch
     )
-    short, long, walk = sass_loops.paths(0, body)
+    short, long, walk = sass_loops.paths(body)
     assert (short, long) == (5, 7)
     assert [t.split()[0] for t in walk] == ["FADD", "@!P0", "@P1", "MUFU.EX2", "@P2"]
 
@@ -39,6 +39,6 @@ def test_if_else_and_inner_back_branch():
         "@P3 BRA 0x10",  # an inner branch back: falls through
         "@P2 BRA 0x0",
     )
-    short, long, walk = sass_loops.paths(0, body)
+    short, long, walk = sass_loops.paths(body)
     assert (short, long) == (4, 6)
     assert "FMUL" in walk[1]

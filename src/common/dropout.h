@@ -2,13 +2,13 @@
 // return (dropout_mask.cu).
 //
 // Pair (query i, key j) of batch b, q head h is kept when the low
-// DropoutArgs::kDrawBits (params.h: 14) bits of its 16-bit draw are at least
+// DropoutArgs::kDrawBits (params.h) bits of its 16-bit draw are at least
 // DropoutArgs::threshold (read as float16 patterns, all finite and ordered as
-// integers up to 14 bits, one packed compare decides two pairs). The draws come from Philox4x32-10
-// keyed by the generator's seed; the counter's low 64 bits are offset / 4 +
-// b * heads_q + h (PyTorch's generator hands out offsets in 32-bit draws, four
-// to a counter; the ops take 4 * batch * heads_q of them per call), its high
-// words name a cell of 8 pairs:
+// integers up to 14 bits, one packed compare decides two pairs). The draws
+// come from Philox4x32-10 keyed by the generator's seed; the counter's low 64
+// bits are offset / 4 + b * heads_q + h (PyTorch's generator hands out offsets
+// in 32-bit draws, four to a counter; the ops take 4 * batch * heads_q of them
+// per call), its high words name a cell of 8 pairs:
 //   cell_row(i) = (i / 16) * 8 + i % 8, cell_col(j) = ((j / 16) * 8 + j % 8) / 2,
 // the pairs {i, i + 8} x {j, j + 1, j + 8, j + 9} of a 16 x 16 block; draw
 // `slot(i, j)` of the cell's eight decides the pair. A cell is exactly what one

@@ -49,6 +49,7 @@ struct FwdEpilogue {
     // In the V ring's bytes (FP8) it is free once every consumer's last P V
     // has read them.
     constexpr bool kInVt = Traits::kOPlace == Traits::OPlace::kVt;
+    constexpr bool kBorrowed = Traits::kOPlace != Traits::OPlace::kOwn;  // Q's or the V ring's bytes
     if (Traits::kSeparateO && warpgroup_thread == 0) tma_store_wait<0>();
     if constexpr (kInVt) {
       named_barrier_sync(int(Barrier::kOInVt), Traits::kConsumerThreads);
@@ -84,7 +85,7 @@ struct FwdEpilogue {
         auto thr_tma = p.tma_o.get_slice(0);
         copy(p.tma_o, thr_tma.partition_S(sO), thr_tma.partition_D(gO));
         tma_store_arrive();
-        if constexpr (!Traits::kSeparateO || kInVt) {
+        if constexpr (kBorrowed) {
           tma_store_wait<0>();
           free_buffer();
         }
@@ -97,7 +98,7 @@ struct FwdEpilogue {
         const int r = i / pieces, c = (i % pieces) * 8;
         *reinterpret_cast<uint4*>(o_rows + r * p.o_row_stride + c) = *reinterpret_cast<const uint4*>(&sO(r, c));
       }
-      if constexpr (!Traits::kSeparateO || kInVt) {
+      if constexpr (kBorrowed) {
         named_barrier_sync(barrier, 128);
         if (warpgroup_thread == 0) free_buffer();
       }
