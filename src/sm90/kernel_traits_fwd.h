@@ -90,12 +90,12 @@ struct FwdTraits {
   // transposed copy, K-major.
   static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
   //
-  // FP8 up to head dim 128 (kSumsInO): P V also runs over 8 rows of ones
-  // below the transposed V, so O's last 8 columns hold each row's sum of P
-  // and the softmax adds no score: its consumers are bound by issue slots
-  // (benchmarks/history/2026-11-28-fp8.md, try L). Head dim 256 has no wgmma
-  // width left for them.
-  static constexpr bool kSumsInO = kFp8 && kHeadDim <= 128;
+  // FP8 at head dim 64 (kSumsInO): P V also runs over 8 rows of ones below
+  // the transposed V, so O's last 8 columns hold each row's sum of P and the
+  // softmax adds no score (its consumers are bound by issue slots): +4-9%
+  // with 128-key tiles. At head dim 128 it moved nothing beyond noise, and
+  // 256 has no wgmma width left (benchmarks/history/2026-11-28-fp8.md, try L).
+  static constexpr bool kSumsInO = kFp8 && kHeadDim == 64;
   static constexpr int kPVCols = kHeadDim + (kSumsInO ? 8 : 0);
   template <int kCols>
   using PVAtom = decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kCols>, Int<kBlockN>>,
@@ -249,10 +249,11 @@ struct FwdConfig<Element, 256>
 // tiles: at twice the 16-bit wgmma rate, each key tile's fixed work (row max
 // and sum, barriers, O's rescale) weighs twice as much. Against 128 x 128 x 3
 // (benchmarks/history/2026-11-28-fp8.md, try H): head dim 64 with three
-// consumer warpgroups, 192 x 160, +14-35%; head dim 128, 128 x 224 with Q
-// from shared memory (S's 112 registers leave none for Q), +1-9%.
+// consumer warpgroups, 192 x 160, +14-35%, then with its row sums in O 192 x
+// 128 (no spill; try L); head dim 128, 128 x 224 with Q from shared memory
+// (S's 112 registers leave none for Q), +1-9%.
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 192, 160, 2>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 192, 128, 2>> {};
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 224, 2>> {};
 template <>
