@@ -41,7 +41,10 @@ constexpr float kFusedLimit = 1024.f;
 // kLog2PScale: probabilities come out times 2^kLog2PScale (FP8's P, scaled
 // into e4m3's normal range at no cost: the shift rides on the exp's bias);
 // the row sums carry the same factor, so O's normalisation is unchanged.
-template <int kRows, int kLog2PScale = 0>
+// kSumsInO: the kernel's P V also sums P into O's last column (sm90 FP8,
+// kernel_traits_fwd.h kSumsInO), so no score is added here, and the sums are
+// those of P as P V read it (rounded to e4m3), like O's own.
+template <int kRows, int kLog2PScale = 0, bool kSumsInO = false>
 struct OnlineSoftmax {
   // Per row this thread holds: running max of the raw scores, and the sum of
   // 2^((s - max) * scale_log2) over this thread's columns only (the quad's
@@ -91,7 +94,7 @@ struct OnlineSoftmax {
       // rounded alike (no FFMA), so an unchanged max gives a factor of exactly 1.
       bias(r) = new_max(r) == -INFINITY ? 0.f : __fmul_rn(new_max(r), scale_log2);
       correction(r) = exp2f(__fmul_rn(row_max(r), scale_log2) - bias(r));
-      row_sum(r) *= correction(r);
+      if constexpr (!kSumsInO) row_sum(r) *= correction(r);
       row_max(r) = new_max(r);
       scale(r) = scale_log2;
       large |= fabsf(bias(r)) >= kFusedLimit;
@@ -114,7 +117,7 @@ struct OnlineSoftmax {
       for (int r = 0; r < kRows; ++r) bias(r) -= float(kLog2PScale);
     }
     exp2_rows(s, bias, scale);
-    reduce_rows_local(s, row_sum, SumOp{});
+    if constexpr (!kSumsInO) reduce_rows_local(s, row_sum, SumOp{});
     return !kExact && large;
   }
 
@@ -124,13 +127,14 @@ struct OnlineSoftmax {
   // or every score -inf) keeps acc_o as it is, and one whose sum is NaN becomes
   // NaN (even where dropout kept none of its NaN pairs); both get lse +inf, as
   // PyTorch's flash kernels do: the backward's P = exp(s - lse) is then 0 for
-  // its finite scores, and NaN stays where the forward had it.
+  // its finite scores, and NaN stays where the forward had it. kSumsInO: o's
+  // last column holds the rows' sums (in every lane of a quad).
   template <class RowColO>
   CUTE_DEVICE auto finalize_rows(RowColO& o, float scale, float out_scale = 1.f) {
     cute::Tensor lse = cute::make_tensor_like(row_sum);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float sum = lane_allreduce<4>(row_sum(r), SumOp{});
+      const float sum = kSumsInO ? o(r, cute::size<1>(o) - 1) : lane_allreduce<4>(row_sum(r), SumOp{});
       const bool empty = sum == 0.f || sum != sum;
       const float inv = sum == 0.f ? out_scale : out_scale / sum;
       lse(r) = empty ? INFINITY : row_max(r) * scale + (__logf(sum) - float(kLog2PScale) * kLn2Float);

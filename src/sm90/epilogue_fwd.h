@@ -38,8 +38,8 @@ struct FwdEpilogue {
   template <class AccO, class Lse, class Tile>
   CUTE_DEVICE static void store(Params const& p, typename Traits::SharedStorage& shared, AccO const& acc_o,
                                 Lse const& lse, Tile const& tile, int rows, int thread_idx) {
-    typename Traits::MmaPV mma_pv;
-    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+    typename Traits::MmaO mma_o;
+    auto thr_o = mma_o.get_thread_slice(thread_idx);
     const int warpgroup = thread_idx / 128;
     const int warpgroup_thread = thread_idx % 128;
     const int barrier = int(Barrier::kEpilogue) + warpgroup;
@@ -105,7 +105,7 @@ struct FwdEpilogue {
     }
 
     // The lane of each quad that holds column 0 writes its rows' logsumexp.
-    Tensor cO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    Tensor cO = thr_o.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
     Tensor coord = make_tensor(cO.data(), acc_rowcol_layout(cO.layout()));
     static_assert(decltype(size<0>(coord))::value == decltype(size(lse))::value);
     if (get<1>(coord(0, 0)) == 0) {

@@ -137,6 +137,13 @@ CUTE_DEVICE void fwd_cta(FwdKernelParams<Traits, Policy, kPacked> const& p) {
       return typename Traits::PipelineVt(shared.pipeline_vt, vt_params, cute::false_type{});  // unused: no barriers
     }
   }();
+  // kSumsInO: the rows of e4m3 ones below each transposed V stage, which the
+  // transposes never write.
+  if constexpr (Traits::kSumsInO) {
+    fill_rows_below<Traits::kBlockN, Traits::kHeadDim, Traits::kPVCols>(
+        reinterpret_cast<uint8_t*>(shared.vt.data()), Traits::kStages, 0x38, threadIdx.x, Traits::kThreads);
+    cutlass::arch::fence_view_async_shared();  // the wgmma reads them through the async proxy
+  }
   // Barrier initialisation is visible to every thread (and to TMA) before use.
   __syncthreads();
 
@@ -169,8 +176,8 @@ CUTE_DEVICE void fwd_cta(FwdKernelParams<Traits, Policy, kPacked> const& p) {
         }
         if (!p.scheduler.valid(pos)) break;
         if constexpr (!kDynamic) tile = p.scheduler.tile(pos);
-        Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-        OnlineSoftmax<2, Traits::kFp8 ? kFp8Log2PScale : 0> softmax;
+        Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kPVCols>>{});
+        OnlineSoftmax<2, Traits::kFp8 ? kFp8Log2PScale : 0, Traits::kSumsInO> softmax;
         const auto scales = p.scales(tile);
         auto& pipeline_pv = pick<Traits::kFp8>(pipeline_vt, pipeline_v);
         Mainloop::template compute<kPacked, kDropout>(p.mainloop, shared, pipeline_k, pipeline_pv, read,
@@ -180,7 +187,12 @@ CUTE_DEVICE void fwd_cta(FwdKernelParams<Traits, Policy, kPacked> const& p) {
         // The softmax ran on negated scores when the scale is negative.
         const float out_scale = kDropout ? scales.out * p.mainloop.dropout.keep_scale : scales.out;
         auto lse = softmax.finalize_rows(o, fabsf(scales.natural), out_scale);
-        Epilogue::store(p.epilogue, shared, acc_o, lse, tile, p.seqlen_q(tile), thread_idx);
+        // O's head-dim columns: the first registers of acc_o (kSumsInO's sums come last).
+        using OLayout = decltype(partition_fragment_C(typename Traits::MmaO{},
+                                                      Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{})
+                                     .layout());
+        Tensor acc_out = make_tensor(acc_o.data(), OLayout{});
+        Epilogue::store(p.epilogue, shared, acc_out, lse, tile, p.seqlen_q(tile), thread_idx);
         if constexpr (!kDynamic) pos = p.scheduler.next(pos);
       }
     };

@@ -89,9 +89,22 @@ struct FwdTraits {
   // (MN-major: V's rows are contiguous in the head dim); FP8 reads the
   // transposed copy, K-major.
   static constexpr GMMA::Major kMajorV = kFp8 ? GMMA::Major::K : GMMA::Major::MN;
-  using MmaPVAtom = decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
-                                                  GMMA::Major::K, kMajorV>());
+  //
+  // FP8 at head dim 64 (kSumsInO): P V also runs over 8 rows of ones below
+  // the transposed V, so O's last 8 columns hold each row's sum of P and the
+  // softmax adds no score (its consumers are bound by issue slots): +4-9%
+  // with 128-key tiles. At head dim 128 it moved nothing beyond noise, and
+  // 256 has no wgmma width left (benchmarks/history/2026-11-28-fp8.md, try L).
+  static constexpr bool kSumsInO = kFp8 && kHeadDim == 64;
+  static constexpr int kPVCols = kHeadDim + (kSumsInO ? 8 : 0);
+  template <int kCols>
+  using PVAtom = decltype(GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kCols>, Int<kBlockN>>,
+                                               GMMA::Major::K, kMajorV>());
+  using MmaPVAtom = PVAtom<kPVCols>;
   using MmaPV = decltype(make_tiled_mma(MmaPVAtom{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
+  // O's first kHeadDim columns as an accumulator of their own (the epilogue's
+  // view; the same registers, which come first in the wider one).
+  using MmaO = decltype(make_tiled_mma(PVAtom<kHeadDim>{}, Layout<Shape<Int<kConsumerWarpgroups>, _1, _1>>{}));
   static_assert(!kFp8 || (kBlockN % 32 == 0 && kHeadDim % 32 == 0), "FP8 wgmma steps 32 keys");
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
@@ -100,10 +113,11 @@ struct FwdTraits {
   using SmemLayoutKVStage = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // V as P.V's B operand, (head dim, key, stage): the same bytes with the
-  // first two modes swapped; FP8: its own buffer, keys contiguous.
+  // first two modes swapped; FP8: its own buffer, keys contiguous, with
+  // kSumsInO's rows of ones below the head dim.
   using SmemLayoutVt = std::conditional_t<
       kFp8,
-      decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(), Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(), Shape<Int<kPVCols>, Int<kBlockN>, Int<kStages>>{})),
       decltype(composition(SmemLayoutKV{}, make_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                                        Stride<Int<kBlockN>, _1, Int<kBlockN * kHeadDim>>{})))>;
   using SmemLayoutO = decltype(tile_to_shape(k_major_smem_atom<ElementOut, kHeadDim>(),
@@ -126,7 +140,7 @@ struct FwdTraits {
   enum class OPlace { kOwn, kQ, kVt };
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kTileBytes =
-      int(sizeof(Element)) * (kBlockM + (kFp8 ? 3 : 2) * kStages * kBlockN) * kHeadDim;
+      int(sizeof(Element)) * (kBlockM + 2 * kStages * kBlockN) * kHeadDim + (kFp8 ? kStages * kBlockN * kPVCols : 0);
   static constexpr int kOBytes = kBlockM * kHeadDim * int(sizeof(ElementOut));
   static constexpr OPlace kOPlace = kTileBytes + kOBytes + 1024 <= kSmemLimit ? OPlace::kOwn
                                     : kFp8                                    ? OPlace::kVt
@@ -184,7 +198,7 @@ struct FwdTraits {
                                                   GmemStride{}),
                                       SmemLayoutOSlab{}, Shape<_64, Int<kHeadDim>>{}, _1{}));
   // P V's tiling for one warpgroup: the stmatrix partition of its slab.
-  using MmaPVWarpgroup = decltype(make_tiled_mma(MmaPVAtom{}));
+  using MmaPVWarpgroup = decltype(make_tiled_mma(PVAtom<kHeadDim>{}));
 };
 
 // Tile sizes per head dim, measured on an H100 and an H200 (benchmarks/history/2026-11-journal.md,
@@ -235,10 +249,11 @@ struct FwdConfig<Element, 256>
 // tiles: at twice the 16-bit wgmma rate, each key tile's fixed work (row max
 // and sum, barriers, O's rescale) weighs twice as much. Against 128 x 128 x 3
 // (benchmarks/history/2026-11-28-fp8.md, try H): head dim 64 with three
-// consumer warpgroups, 192 x 160, +14-35%; head dim 128, 128 x 224 with Q
-// from shared memory (S's 112 registers leave none for Q), +1-9%.
+// consumer warpgroups, 192 x 160, +14-35%, then with its row sums in O 192 x
+// 128 (no spill; try L); head dim 128, 128 x 224 with Q from shared memory
+// (S's 112 registers leave none for Q), +1-9%.
 template <>
-struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 192, 160, 2>> {};
+struct FwdConfig<cutlass::float_e4m3_t, 64> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 64, 192, 128, 2>> {};
 template <>
 struct FwdConfig<cutlass::float_e4m3_t, 128> : TileChoice<FwdTraits<cutlass::float_e4m3_t, 128, 128, 224, 2>> {};
 template <>

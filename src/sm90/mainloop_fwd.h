@@ -152,11 +152,10 @@ struct FwdMainloop {
         const PipelineState landed{stage.index(), stage.phase() ^ 1, stage.count()};
         pipeline_v.consumer_wait(landed);
         pipeline_vt.producer_acquire(stage);
-        // Both rings' stages are kStageBytes apart (test/cpp/transpose_layout_check.cu).
-        constexpr int kStageBytes = kBlockN * kHeadDim;
-        auto const* landed_v = reinterpret_cast<uint8_t const*>(shared.v.data()) + stage.index() * kStageBytes;
-        auto* vt = reinterpret_cast<uint8_t*>(shared.vt.data()) + stage.index() * kStageBytes;
-        transpose_v_tile<kBlockN, kHeadDim>(landed_v, vt, keys, thread_idx);
+        // Stages kBlockN * (kHeadDim or kPVCols) bytes apart (test/cpp/transpose_layout_check.cu).
+        auto const* landed_v = reinterpret_cast<uint8_t const*>(shared.v.data()) + stage.index() * kBlockN * kHeadDim;
+        auto* vt = reinterpret_cast<uint8_t*>(shared.vt.data()) + stage.index() * kBlockN * Traits::kPVCols;
+        transpose_v_tile<kBlockN, kHeadDim, Traits::kPVCols>(landed_v, vt, keys, thread_idx);
         cutlass::arch::fence_view_async_shared();  // the wgmma reads through the async proxy
         pipeline_vt.producer_commit(stage);
         pipeline_v.consumer_release(landed);

@@ -53,13 +53,14 @@ struct ByteTile {
 
 // Where each lane's ldmatrix and stmatrix row addresses point, per warp step
 // (a 16-key group and a 32-dim block), as byte offsets into the landed tile
-// (ByteTile<kKeys, kDim>) and its transposed copy (ByteTile<kDim, kKeys>),
-// and which dim each of a lane's four words holds. Host code reads the same
-// functions (test/cpp/transpose_layout_check.cu replays a step lane by lane).
-template <int kKeys, int kDim>
+// (ByteTile<kKeys, kDim>) and its transposed copy (ByteTile<kDstRows, kKeys>:
+// kDstRows - kDim rows below the dims are not the transpose's), and which dim
+// each of a lane's four words holds. Host code reads the same functions
+// (test/cpp/transpose_layout_check.cu replays a step lane by lane).
+template <int kKeys, int kDim, int kDstRows = kDim>
 struct TransposeSteps {
   using Src = ByteTile<kKeys, kDim>;
-  using Dst = ByteTile<kDim, kKeys>;
+  using Dst = ByteTile<kDstRows, kKeys>;
   static constexpr int kBlocksPerAtom = Src::kWidth / 32;
   // 16-key groups: warp w takes w, w + 4, ... (224 keys: 14, so warps 2 and 3 take three).
   static constexpr int kGroups = kKeys / 16;
@@ -88,7 +89,8 @@ struct TransposeSteps {
   }
   CUTE_HOST_DEVICE static constexpr int store_row(int lane_part, int group, int block) {
     const int col = group * 16;  // the group's 16 key positions in a dst row
-    return (col / Dst::kWidth) * (kDim * Dst::kWidth) + block * 32 * Dst::kWidth + (lane_part ^ (col % Dst::kWidth));
+    return (col / Dst::kWidth) * (kDstRows * Dst::kWidth) + block * 32 * Dst::kWidth +
+           (lane_part ^ (col % Dst::kWidth));
   }
   // __byte_perm selectors of a lane's words (w[0] and w[2]: `even`; w[1],
   // w[3]: the other): with c = lane / 4, the ldmatrix's v[0] holds (key 2t:
@@ -102,12 +104,13 @@ struct TransposeSteps {
 };
 
 // src: a (kKeys, kDim) tile as TMA landed it (ByteTile<kKeys, kDim>); dst:
-// its (kDim, kKeys) transposed copy (ByteTile<kDim, kKeys>). Keys at or past
-// `keys` are written as zeros (a packed tile's rows of the next sequence).
-// 128 threads (a warpgroup), thread_idx among them.
-template <int kKeys, int kDim>
+// its (kDim, kKeys) transposed copy, the first kDim rows of
+// ByteTile<kDstRows, kKeys>. Keys at or past `keys` are written as zeros (a
+// packed tile's rows of the next sequence). 128 threads (a warpgroup),
+// thread_idx among them.
+template <int kKeys, int kDim, int kDstRows = kDim>
 CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, int thread_idx) {
-  using Steps = TransposeSteps<kKeys, kDim>;
+  using Steps = TransposeSteps<kKeys, kDim, kDstRows>;
   static_assert(kKeys % 16 == 0 && kDim % 32 == 0);
   const int lane = thread_idx % 32, warp = thread_idx / 32;
   const int t = lane % 4;
@@ -141,6 +144,24 @@ CUTE_DEVICE void transpose_v_tile(uint8_t const* src, uint8_t* dst, int keys, in
                    "r"(w[1]), "r"(w[2]), "r"(w[3])
                    : "memory");
     }
+  }
+}
+
+// Rows kDim .. kDstRows - 1 of each of `stages` transposed tiles
+// (ByteTile<kDstRows, kKeys>, tiles kDstRows * kKeys bytes apart) set to
+// `byte`: the swizzle only moves bytes within a row, so each atom column's
+// rows below the dims are one run of bytes. nthreads threads, thread_idx
+// among them.
+template <int kKeys, int kDim, int kDstRows>
+CUTE_HOST_DEVICE void fill_rows_below(uint8_t* dst, int stages, uint8_t byte, int thread_idx, int nthreads) {
+  using Dst = ByteTile<kDstRows, kKeys>;
+  constexpr int kRunWords = (kDstRows - kDim) * Dst::kWidth / 4;
+  constexpr int kRuns = kKeys / Dst::kWidth;
+  const uint32_t word = byte * 0x01010101u;
+  for (int i = thread_idx; i < stages * kRuns * kRunWords; i += nthreads) {
+    const int run = i / kRunWords;  // stage run / kRuns, atom column run % kRuns
+    const int offset = (run / kRuns) * (kDstRows * kKeys) + Dst::offset(kDim, (run % kRuns) * Dst::kWidth);
+    reinterpret_cast<uint32_t*>(dst + offset)[i % kRunWords] = word;
   }
 }
 

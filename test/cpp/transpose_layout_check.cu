@@ -4,8 +4,9 @@
 // replays transpose_v_tile lane by lane on the host (ldmatrix.trans, the byte
 // permutes, stmatrix, as the PTX ISA defines them, with TransposeSteps'
 // addresses) and checks that every transposed byte lands where the wgmma reads
-// it, zeros past `keys`, and how many shared-memory bank conflicts each
-// 8x8 matrix's rows have. Host code; run by test/test_fp8.py, which reads the
+// it, zeros past `keys`, that the rows of ones below the dims (kSumsInO) fill
+// every stage without touching a transposed byte, and how many shared-memory
+// bank conflicts each 8x8 matrix's rows have. Host code; run by test/test_fp8.py, which reads the
 // last line ("ok" or the failures).
 // The traits name wgmma widths such as 224 (registry.py's wide_mma).
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
@@ -26,13 +27,14 @@ int failures = 0;
 template <int kHeadDim>
 void check() {
   using Traits = typename tfb::sm90::FwdConfig<cutlass::float_e4m3_t, kHeadDim>::Traits;
-  constexpr int kKeys = Traits::kBlockN;
+  constexpr int kKeys = Traits::kBlockN, kRows = Traits::kPVCols;
   const typename Traits::SmemLayoutKV v{};
   const typename Traits::SmemLayoutVt vt{};
   for (int key = 0; key < kKeys; ++key) {
-    for (int d = 0; d < kHeadDim; ++d) {
-      const int want_v = int(v(key, d, 0)), got_v = tfb::sm90::ByteTile<kKeys, kHeadDim>::offset(key, d);
-      const int want_vt = int(vt(d, key, 0)), got_vt = tfb::sm90::ByteTile<kHeadDim, kKeys>::offset(d, key);
+    for (int d = 0; d < kRows; ++d) {
+      const int want_v = d < kHeadDim ? int(v(key, d, 0)) : 0;
+      const int got_v = d < kHeadDim ? tfb::sm90::ByteTile<kKeys, kHeadDim>::offset(key, d) : 0;
+      const int want_vt = int(vt(d, key, 0)), got_vt = tfb::sm90::ByteTile<kRows, kKeys>::offset(d, key);
       if ((want_v != got_v || want_vt != got_vt) && ++failures <= 10) {
         std::printf("FAIL head dim %d key %d dim %d: V %d vs %d, Vt %d vs %d\n", kHeadDim, key, d, got_v, want_v,
                     got_vt, want_vt);
@@ -40,7 +42,7 @@ void check() {
     }
   }
   // The rings' stages follow each other.
-  if (int(v(0, 0, 1)) != kKeys * kHeadDim || int(vt(0, 0, 1)) != kKeys * kHeadDim) {
+  if (int(v(0, 0, 1)) != kKeys * kHeadDim || int(vt(0, 0, 1)) != kKeys * kRows) {
     ++failures;
     std::printf("FAIL head dim %d: stage strides %d, %d\n", kHeadDim, int(v(0, 0, 1)), int(vt(0, 0, 1)));
   }
@@ -68,9 +70,13 @@ int conflicts(const int (&rows)[8]) {
 template <int kHeadDim>
 void replay(int keys, int& load_conflicts, int& store_conflicts) {
   using Traits = typename tfb::sm90::FwdConfig<cutlass::float_e4m3_t, kHeadDim>::Traits;
-  constexpr int kKeys = Traits::kBlockN;
-  using Steps = tfb::sm90::TransposeSteps<kKeys, kHeadDim>;
-  std::vector<uint8_t> src(kKeys * kHeadDim), dst(kKeys * kHeadDim, 0xee);
+  constexpr int kKeys = Traits::kBlockN, kRows = Traits::kPVCols, kStages = Traits::kStages;
+  using Steps = tfb::sm90::TransposeSteps<kKeys, kHeadDim, kRows>;
+  std::vector<uint8_t> src(kKeys * kHeadDim), dst(kKeys * kRows * kStages, 0xee);
+  // The rows below the dims in every stage, as the kernel fills them at start (by 7 threads here).
+  for (int thread = 0; thread < 7; ++thread) {
+    tfb::sm90::fill_rows_below<kKeys, kHeadDim, kRows>(dst.data(), kStages, 0x38, thread, 7);
+  }
   for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 131 + 7 + (i >> 8));  // no two rows alike
   for (int warp = 0; warp < 4; ++warp) {
     for (int gi = 0; gi < Steps::kGroupsPerWarp; ++gi) {
@@ -123,15 +129,19 @@ void replay(int keys, int& load_conflicts, int& store_conflicts) {
     }
   }
   // Position 4t + i of each 16 keys holds key key_of_position(i) + 2t.
+  // Stage 0 holds the transpose; later stages' dims are untouched (0xee).
   using Src = tfb::sm90::ByteTile<kKeys, kHeadDim>;
-  using Dst = tfb::sm90::ByteTile<kHeadDim, kKeys>;
-  for (int d = 0; d < kHeadDim; ++d) {
-    for (int pos = 0; pos < kKeys; ++pos) {
-      const int key = pos / 16 * 16 + 2 * (pos % 16 / 4) + tfb::sm90::key_of_position(pos % 4);
-      const uint8_t want = key < keys ? src[Src::offset(key, d)] : 0, got = dst[Dst::offset(d, pos)];
-      if (want != got && ++failures <= 10) {
-        std::printf("FAIL replay head dim %d keys %d: dim %d position %d holds %d, not %d\n", kHeadDim, keys, d, pos,
-                    got, want);
+  using Dst = tfb::sm90::ByteTile<kRows, kKeys>;
+  for (int stage = 0; stage < kStages; ++stage) {
+    for (int d = 0; d < kRows; ++d) {
+      for (int pos = 0; pos < kKeys; ++pos) {
+        const int key = pos / 16 * 16 + 2 * (pos % 16 / 4) + tfb::sm90::key_of_position(pos % 4);
+        const uint8_t want = d >= kHeadDim ? 0x38 : stage > 0 ? 0xee : key < keys ? src[Src::offset(key, d)] : 0;
+        const uint8_t got = dst[stage * kKeys * kRows + Dst::offset(d, pos)];
+        if (want != got && ++failures <= 10) {
+          std::printf("FAIL replay head dim %d keys %d: stage %d dim %d position %d holds %d, not %d\n", kHeadDim,
+                      keys, stage, d, pos, got, want);
+        }
       }
     }
   }
