@@ -157,19 +157,51 @@ struct Dropout {
   }
 
   // The same over S^T's view (keys as rows, queries as columns): a lane
-  // holding keys j, j + 8 and queries i, i + 1, i + 8, i + 9 draws the cell of
-  // query i + j % 2 and trades the other key parity's bytes with lane ^ 4 (key
-  // j ^ 1, the same queries). Every lane of the warp calls it.
-  template <class Coord>
+  // holds keys j, j + 8 and queries i, i + 1, i + 8, i + 9 of a block, the four
+  // lanes of keys 4 u + {0, 1, 2, 3} (lane ^ 4, ^ 8, ^ 12; s = (j / 2) % 2,
+  // c = j % 2) the bytes of two cells (queries i, i + 1). kPaired: blocks 2 a
+  // and 2 a + 1 start at a multiple of 32 queries; lane (s, c) draws the cell
+  // of query i + 16 s + c and hands each of the others its four bytes (one
+  // call per 16 values). Else a lane draws the cell of query i + c and trades
+  // with lane ^ 4. Every lane of the warp calls it.
+  template <bool kPaired, class Coord>
   CUTE_DEVICE auto keep_bits_transposed(Coord const& coord, int key0, int query0) const {
     constexpr int kRows = decltype(cute::size<0>(coord))::value;
     constexpr int kCols = decltype(cute::size<1>(coord))::value;
     static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
-    KeepBits<kRows / 2 * (kCols / 4)> bits;
+    constexpr int kBlocks = kCols / 4;
+    KeepBits<kRows / 2 * kBlocks> bits;
+    // Block g's masks from the bytes of queries i (+8) and i + 1 (+9), keys j (+8).
+    auto put = [&](int g, uint32_t q0, uint32_t q1) {
+      const uint32_t masks[4] = {kept_halves(q0, kLowPair), kept_halves(q1, kLowPair), kept_halves(q0, kHighPair),
+                                 kept_halves(q1, kHighPair)};
+      bits.put(g, masks);
+    };
+    constexpr int kPairs = kPaired ? kBlocks / 2 : 0;
     CUTE_UNROLL
     for (int m = 0; m < kRows / 2; ++m) {
       CUTE_UNROLL
-      for (int k = 0; k < kCols / 4; ++k) {
+      for (int a = 0; a < kPairs; ++a) {
+        const int j = key0 + cute::get<0>(coord(2 * m, 8 * a));
+        const int i = query0 + cute::get<1>(coord(2 * m, 8 * a));
+        const int s = (j >> 1) & 1, c = j & 1;
+        const uint4 d = draw(cell_row(i + 16 * s + c), cell_col(j));
+        uint32_t a0, a1, b0, b1;  // the words of keys with this lane's s, and with s ^ 1
+        own_words(d, j, a0, a1);
+        own_words(d, j ^ 2, b0, b1);
+        const uint32_t same = c ? kOddBytes : kEvenBytes, flip = c ? kEvenBytes : kOddBytes;
+        // r[x]: from lane (s, c) ^ x, the cell of query i + 16 (s ^ x / 2) + (c ^ x % 2).
+        const uint32_t r0 = __byte_perm(a0, a1, same);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, __byte_perm(a0, a1, flip), 4);
+        const uint32_t r2 = __shfl_xor_sync(0xffffffffu, __byte_perm(b0, b1, same), 8);
+        const uint32_t r3 = __shfl_xor_sync(0xffffffffu, __byte_perm(b0, b1, flip), 12);
+        const uint32_t u0 = c ? r1 : r0, u1 = c ? r0 : r1;  // block 2 a + s: queries i, i + 1
+        const uint32_t v0 = c ? r3 : r2, v1 = c ? r2 : r3;  // block 2 a + (s ^ 1)
+        put(m * kBlocks + 2 * a, s ? v0 : u0, s ? v1 : u1);
+        put(m * kBlocks + 2 * a + 1, s ? u0 : v0, s ? u1 : v1);
+      }
+      CUTE_UNROLL
+      for (int k = 2 * kPairs; k < kBlocks; ++k) {
         const int j = key0 + cute::get<0>(coord(2 * m, 4 * k));
         const int i = query0 + cute::get<1>(coord(2 * m, 4 * k));
         const bool odd = (j & 1) != 0;
@@ -178,11 +210,7 @@ struct Dropout {
         // Bytes (query row +0 / +8) x (key +0 / +8) of key parity j % 2, and of the other.
         const uint32_t own = __byte_perm(w0, w1, odd ? kOddBytes : kEvenBytes);
         const uint32_t other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, odd ? kEvenBytes : kOddBytes), 4);
-        const uint32_t q0 = odd ? other : own, q1 = odd ? own : other;  // queries i (+8) and i + 1 (+9)
-        // Mask c (view column c: queries i, i + 1, i + 8, i + 9), halves: keys j, j + 8.
-        const uint32_t masks[4] = {kept_halves(q0, kLowPair), kept_halves(q1, kLowPair), kept_halves(q0, kHighPair),
-                                   kept_halves(q1, kHighPair)};
-        bits.put(m * (kCols / 4) + k, masks);
+        put(m * kBlocks + k, odd ? other : own, odd ? own : other);
       }
     }
     return bits;
@@ -197,10 +225,22 @@ struct Dropout {
   // i + 8 r and columns j + 16 k + 8 g + {0, 1}; (i, j) the thread's first
   // value in the sequence; i % 16 < 8 and j % 16 < 8, j even, as a lane's
   // first value), its dropped values zeroed: a byte permute, a compare and an
-  // AND per pair. kPaired: j / 16 is even (tiles of a multiple of 32 keys), so
-  // lanes s and s ^ 1 draw blocks 2 b' + s and trade half (every lane calls).
-  template <bool kPaired, class Words>
+  // AND per pair. Of blocks 2 b' and 2 b' + 1 (in the sequence) lanes s and
+  // s ^ 1 draw block 2 b' + s's cell and trade half; kEven: j / 16 is even
+  // (tiles of a multiple of 32 keys), else it is read. Every lane calls it.
+  template <bool kEven, class Words>
   CUTE_DEVICE void drop_pairs(Words& words, int i, int j) const {
+    if constexpr (kEven) {
+      drop_pairs_from<0>(words, i, j);
+    } else if (((j >> 4) & 1) == 0) {
+      drop_pairs_from<0>(words, i, j);
+    } else {
+      drop_pairs_from<1>(words, i, j);
+    }
+  }
+  // The same where the tile's block kFirst is the first of a pair.
+  template <int kFirst, class Words>
+  CUTE_DEVICE void drop_pairs_from(Words& words, int i, int j) const {
     constexpr int kBlocks = decltype(cute::size(words))::value / 4;
     static_assert(decltype(cute::size(words))::value % 4 == 0, "16 x 16 blocks: four pairs a lane");
     const int ci = cell_row(i);
@@ -210,21 +250,24 @@ struct Dropout {
       CUTE_UNROLL
       for (int w = 0; w < 4; ++w) words(4 * k + w) &= masks[w];
     };
-    constexpr int kPairs = kPaired ? kBlocks / 2 : 0;
-    const int s = (j >> 1) & 1;
-    CUTE_UNROLL
-    for (int a = 0; a < kPairs; ++a) {
-      const uint4 d = draw(ci, cell_col(j + 32 * a + 16 * s));  // words x, y: this lane's; z, w: lane s ^ 1's
-      const uint32_t z = __shfl_xor_sync(0xffffffffu, d.z, 1), w = __shfl_xor_sync(0xffffffffu, d.w, 1);
-      apply(2 * a, s ? z : d.x, s ? w : d.y);
-      apply(2 * a + 1, s ? d.x : z, s ? d.y : w);
-    }
-    CUTE_UNROLL
-    for (int k = 2 * kPairs; k < kBlocks; ++k) {
+    auto alone = [&](int k) {
       uint32_t w0, w1;
       own_words(draw(ci, cell_col(j + 16 * k)), j + 16 * k, w0, w1);
       apply(k, w0, w1);
+    };
+    constexpr int kPairs = (kBlocks - kFirst) / 2;
+    const int s = (j >> 1) & 1;
+    if constexpr (kFirst == 1) alone(0);
+    CUTE_UNROLL
+    for (int a = 0; a < kPairs; ++a) {
+      const int k = kFirst + 2 * a;
+      const uint4 d = draw(ci, cell_col(j + 16 * (k + s)));  // words x, y: this lane's; z, w: lane s ^ 1's
+      const uint32_t z = __shfl_xor_sync(0xffffffffu, d.z, 1), w = __shfl_xor_sync(0xffffffffu, d.w, 1);
+      apply(k, s ? z : d.x, s ? w : d.y);
+      apply(k + 1, s ? d.x : z, s ? d.y : w);
     }
+    CUTE_UNROLL
+    for (int k = kFirst + 2 * kPairs; k < kBlocks; ++k) alone(k);
   }
 
   // f(r, c, kept) for each value of keep_bits' view.
