@@ -15,9 +15,9 @@
 // Byte 2 ((j / 8) % 2) + j % 2 of word 2 (s ^ b % 2) + (i / 8) % 2 decides the
 // pair, s = (j / 2) % 2 the lane of the two: so of blocks 2 b' and 2 b' + 1,
 // lane s draws block 2 b' + s's cell, keeps words x, y and hands z, w to lane
-// s ^ 1, one Philox call per 16 of a forward lane's values. A backward holding
-// S^T (keys as rows) draws one cell per block and trades a word with the lane
-// holding key j ^ 1.
+// s ^ 1, one Philox call per 16 of a forward lane's values. In S^T (keys as
+// rows, the sm90 backward) a cell's keys sit in four lanes, which share the
+// four cells of two query blocks the same way.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +55,9 @@ CUTE_HOST_DEVICE uint4 philox4x32_10(uint4 c, uint2 key) {
 // a word: bit 16 h + 4 (g % 4) + s of word g / 4 is half h of mask s of the
 // thread's block g (Dropout::keep_bits, keep_bits_transposed). Packed with
 // one LOP3 a mask, read with one bit test.
-template <int kCells>
+template <int kBlocks>
 struct KeepBits {
-  uint32_t word[(kCells + 3) / 4] = {};
+  uint32_t word[(kBlocks + 3) / 4] = {};
 
   CUTE_HOST_DEVICE void put(int g, uint32_t const (&halves)[4]) {
     CUTE_UNROLL
@@ -151,15 +151,15 @@ struct Dropout {
     return bits;
   }
   // Value (r, c) of that view in keep_bits' result.
-  template <int kCols, int kCells>
-  CUTE_DEVICE static bool kept(KeepBits<kCells> const& bits, int r, int c) {
+  template <int kCols, int kBlocks>
+  CUTE_DEVICE static bool kept(KeepBits<kBlocks> const& bits, int r, int c) {
     return bits.get((r / 2) * (kCols / 4) + c / 4, (r & 1) + 2 * ((c >> 1) & 1), c & 1);
   }
 
   // The same over S^T's view (keys as rows, queries as columns): a lane
-  // holds keys j, j + 8 and queries i, i + 1, i + 8, i + 9 of a block, the four
-  // lanes of keys 4 u + {0, 1, 2, 3} (lane ^ 4, ^ 8, ^ 12; s = (j / 2) % 2,
-  // c = j % 2) the bytes of two cells (queries i, i + 1). kPaired: blocks 2 a
+  // holds keys j, j + 8 and queries i, i + 1, i + 8, i + 9 of a block; the
+  // four lanes of keys 4 u + {0, 1, 2, 3} (lanes l, l ^ 4, l ^ 8, l ^ 12;
+  // s = (j / 2) % 2, c = j % 2) hold two cells (queries i, i + 1). kPaired: blocks 2 a
   // and 2 a + 1 start at a multiple of 32 queries; lane (s, c) draws the cell
   // of query i + 16 s + c and hands each of the others its four bytes (one
   // call per 16 values). Else a lane draws the cell of query i + c and trades
@@ -215,8 +215,8 @@ struct Dropout {
     }
     return bits;
   }
-  template <int kCols, int kCells>
-  CUTE_DEVICE static bool kept_transposed(KeepBits<kCells> const& bits, int r, int c) {
+  template <int kCols, int kBlocks>
+  CUTE_DEVICE static bool kept_transposed(KeepBits<kBlocks> const& bits, int r, int c) {
     return bits.get((r / 2) * (kCols / 4) + c / 4, c & 3, r & 1);
   }
 
