@@ -124,6 +124,12 @@ struct Dropout {
     m[2] = kept_halves(w0, kHighPair);
     m[3] = kept_halves(w1, kHighPair);
   }
+  // The same for the lane whose first value of a block is (i, j), drawing its cell alone.
+  CUTE_DEVICE void block_masks(int i, int j, uint32_t (&m)[4]) const {
+    uint32_t w0, w1;
+    own_words(draw(cell_row(i), cell_col(j)), j, w0, w1);
+    pair_masks(w0, w1, m);
+  }
 
   // The keep bits of each value (r, c) of a (row, col) view of an accumulator
   // in the mma layout: rows (+8, row blocks), columns (+1, 8-column blocks,
@@ -142,9 +148,8 @@ struct Dropout {
       for (int k = 0; k < kCols / 4; ++k) {
         const int i = row0 + cute::get<0>(coord(2 * m, 4 * k));
         const int j = col0 + cute::get<1>(coord(2 * m, 4 * k));
-        uint32_t w0, w1, masks[4];
-        own_words(draw(cell_row(i), cell_col(j)), j, w0, w1);
-        pair_masks(w0, w1, masks);
+        uint32_t masks[4];
+        block_masks(i, j, masks);
         bits.put(m * (kCols / 4) + k, masks);
       }
     }
@@ -159,16 +164,15 @@ struct Dropout {
   // The same over S^T's view (keys as rows, queries as columns): a lane
   // holds keys j, j + 8 and queries i, i + 1, i + 8, i + 9 of a block; the
   // four lanes of keys 4 u + {0, 1, 2, 3} (lanes l, l ^ 4, l ^ 8, l ^ 12;
-  // s = (j / 2) % 2, c = j % 2) hold two cells (queries i, i + 1). kPaired: blocks 2 a
-  // and 2 a + 1 start at a multiple of 32 queries; lane (s, c) draws the cell
-  // of query i + 16 s + c and hands each of the others its four bytes (one
-  // call per 16 values). Else a lane draws the cell of query i + c and trades
-  // with lane ^ 4. Every lane of the warp calls it.
-  template <bool kPaired, class Coord>
+  // s = (j / 2) % 2, c = j % 2) hold two cells (queries i, i + 1). Of query
+  // blocks 2 a and 2 a + 1 (query0 a multiple of 32), lane (s, c) draws the
+  // cell of query i + 16 s + c and hands each of the others its four bytes:
+  // one call per 16 values. Every lane of the warp calls it.
+  template <class Coord>
   CUTE_DEVICE auto keep_bits_transposed(Coord const& coord, int key0, int query0) const {
     constexpr int kRows = decltype(cute::size<0>(coord))::value;
     constexpr int kCols = decltype(cute::size<1>(coord))::value;
-    static_assert(kRows % 2 == 0 && kCols % 4 == 0, "an mma accumulator's 16 x 16 blocks");
+    static_assert(kRows % 2 == 0 && kCols % 8 == 0, "an mma accumulator's 16 x 16 blocks, in pairs of queries");
     constexpr int kBlocks = kCols / 4;
     KeepBits<kRows / 2 * kBlocks> bits;
     // Block g's masks from the bytes of queries i (+8) and i + 1 (+9), keys j (+8).
@@ -177,11 +181,10 @@ struct Dropout {
                                  kept_halves(q1, kHighPair)};
       bits.put(g, masks);
     };
-    constexpr int kPairs = kPaired ? kBlocks / 2 : 0;
     CUTE_UNROLL
     for (int m = 0; m < kRows / 2; ++m) {
       CUTE_UNROLL
-      for (int a = 0; a < kPairs; ++a) {
+      for (int a = 0; a < kBlocks / 2; ++a) {
         const int j = key0 + cute::get<0>(coord(2 * m, 8 * a));
         const int i = query0 + cute::get<1>(coord(2 * m, 8 * a));
         const int s = (j >> 1) & 1, c = j & 1;
@@ -199,18 +202,6 @@ struct Dropout {
         const uint32_t v0 = c ? r3 : r2, v1 = c ? r2 : r3;  // block 2 a + (s ^ 1)
         put(m * kBlocks + 2 * a, s ? v0 : u0, s ? v1 : u1);
         put(m * kBlocks + 2 * a + 1, s ? u0 : v0, s ? u1 : v1);
-      }
-      CUTE_UNROLL
-      for (int k = 2 * kPairs; k < kBlocks; ++k) {
-        const int j = key0 + cute::get<0>(coord(2 * m, 4 * k));
-        const int i = query0 + cute::get<1>(coord(2 * m, 4 * k));
-        const bool odd = (j & 1) != 0;
-        uint32_t w0, w1;
-        own_words(draw(cell_row(i) + int(odd), cell_col(j)), j, w0, w1);
-        // Bytes (query row +0 / +8) x (key +0 / +8) of key parity j % 2, and of the other.
-        const uint32_t own = __byte_perm(w0, w1, odd ? kOddBytes : kEvenBytes);
-        const uint32_t other = __shfl_xor_sync(0xffffffffu, __byte_perm(w0, w1, odd ? kEvenBytes : kOddBytes), 4);
-        put(m * kBlocks + k, odd ? other : own, odd ? own : other);
       }
     }
     return bits;
@@ -243,17 +234,20 @@ struct Dropout {
   CUTE_DEVICE void drop_pairs_from(Words& words, int i, int j) const {
     constexpr int kBlocks = decltype(cute::size(words))::value / 4;
     static_assert(decltype(cute::size(words))::value % 4 == 0, "16 x 16 blocks: four pairs a lane");
-    const int ci = cell_row(i);
-    auto apply = [&](int k, uint32_t w0, uint32_t w1) {
-      uint32_t masks[4];
-      pair_masks(w0, w1, masks);
+    const int ci = cell_row(i);  // the paired draws'
+    auto apply = [&](int k, uint32_t const (&masks)[4]) {
       CUTE_UNROLL
       for (int w = 0; w < 4; ++w) words(4 * k + w) &= masks[w];
     };
+    auto paired = [&](int k, uint32_t w0, uint32_t w1) {
+      uint32_t masks[4];
+      pair_masks(w0, w1, masks);
+      apply(k, masks);
+    };
     auto alone = [&](int k) {
-      uint32_t w0, w1;
-      own_words(draw(ci, cell_col(j + 16 * k)), j + 16 * k, w0, w1);
-      apply(k, w0, w1);
+      uint32_t masks[4];
+      block_masks(i, j + 16 * k, masks);
+      apply(k, masks);
     };
     constexpr int kPairs = (kBlocks - kFirst) / 2;
     const int s = (j >> 1) & 1;
@@ -263,8 +257,8 @@ struct Dropout {
       const int k = kFirst + 2 * a;
       const uint4 d = draw(ci, cell_col(j + 16 * (k + s)));  // words x, y: this lane's; z, w: lane s ^ 1's
       const uint32_t z = __shfl_xor_sync(0xffffffffu, d.z, 1), w = __shfl_xor_sync(0xffffffffu, d.w, 1);
-      apply(k, s ? z : d.x, s ? w : d.y);
-      apply(k + 1, s ? d.x : z, s ? d.y : w);
+      paired(k, s ? z : d.x, s ? w : d.y);
+      paired(k + 1, s ? d.x : z, s ? d.y : w);
     }
     CUTE_UNROLL
     for (int k = kFirst + 2 * kPairs; k < kBlocks; ++k) alone(k);

@@ -64,9 +64,9 @@ CUTE_DEVICE void softmax_grad(Params const& p, Acc& acc_s, Acc& acc_dp, Coord co
   // Dropout's draws while dP^T is still on the tensor cores, a bit per value.
   const auto kept = [&] {
     if constexpr (kDropout) {
-      // q0 and the tile's first query are multiples of 32: blocks pair.
+      // q0 and the tile's first query are multiples of 32 (kernel_traits_bwd.h).
       return Dropout::of(p.dropout, batch, head_q, p.heads_q)
-          .keep_bits_transposed<kBlockM % 32 == 0>(coord, n_block * kBlockN + k0, m_block * kBlockM + q0);
+          .keep_bits_transposed(coord, n_block * kBlockN + k0, m_block * kBlockM + q0);
     } else {
       return 0;
     }
