@@ -123,9 +123,9 @@ struct Descales {
 // PhiloxCudaState carries them; the forward writes the pair it used to
 // rng_state, which its backward then reads.
 struct DropoutArgs {
-  // A pair decides with the low kDrawBits bits of its 16-bit draw, so p moves
-  // in steps of 1 / kDraws (common/dropout.h compares them as float16 patterns).
-  static constexpr int kDrawBits = 14;
+  // A pair decides with a kDrawBits-bit draw, so p moves in steps of
+  // 1 / kDraws (common/dropout.h: a byte of Philox's output each).
+  static constexpr int kDrawBits = 8;
   static constexpr uint32_t kDraws = 1u << kDrawBits;
   uint32_t threshold = 0;  // a pair whose draw is below it is dropped; 0: no dropout
   float keep_scale = 1.f;  // 1 / (1 - p)

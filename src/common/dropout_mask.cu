@@ -17,9 +17,9 @@ __global__ void dropout_keep_mask_kernel(const DropoutArgs a, uint8_t* out, int 
     const int64_t bh = idx / (int64_t(len_k) * len_q);
     const Dropout d = Dropout::of(a, int(bh / heads), int(bh % heads), heads);
     const uint4 w = d.draw(Dropout::cell_row(i), Dropout::cell_col(j));
-    const int s = Dropout::slot(i, j);
-    const uint32_t word = (s >> 1) == 0 ? w.x : (s >> 1) == 1 ? w.y : (s >> 1) == 2 ? w.z : w.w;
-    out[idx] = (d.kept_halves(word) >> (16 * (s & 1))) & 1u;  // the kernels' compare
+    const int s = Dropout::word_of(i, j);
+    const uint32_t word = s == 0 ? w.x : s == 1 ? w.y : s == 2 ? w.z : w.w;
+    out[idx] = d.kept_halves(word >> (8 * Dropout::byte_of(j)), Dropout::kLowPair) & 1u;  // the kernels' compare
   }
 }
 

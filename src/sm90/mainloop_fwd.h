@@ -296,7 +296,8 @@ struct FwdMainloop {
     auto drop = [&](auto& p_regs, int n_block) {
       if constexpr (kDropout) {
         Tensor words = recast<uint32_t>(p_regs);
-        dropout.drop_pairs(words, m_block * kBlockM + get<0>(tScS(0)), n_block * kBlockN + get<1>(tScS(0)));
+        dropout.template drop_pairs<kBlockN % 32 == 0>(words, m_block * kBlockM + get<0>(tScS(0)),
+                                                       n_block * kBlockN + get<1>(tScS(0)));
       }
     };
     // predicate: the walk's (KeyWalk::first, below).

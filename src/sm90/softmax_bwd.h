@@ -64,6 +64,7 @@ CUTE_DEVICE void softmax_grad(Params const& p, Acc& acc_s, Acc& acc_dp, Coord co
   // Dropout's draws while dP^T is still on the tensor cores, a bit per value.
   const auto kept = [&] {
     if constexpr (kDropout) {
+      // q0 and the tile's first query are multiples of 32 (kernel_traits_bwd.h).
       return Dropout::of(p.dropout, batch, head_q, p.heads_q)
           .keep_bits_transposed(coord, n_block * kBlockN + k0, m_block * kBlockM + q0);
     } else {
@@ -79,9 +80,10 @@ CUTE_DEVICE void softmax_grad(Params const& p, Acc& acc_s, Acc& acc_dp, Coord co
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       if constexpr (kDropout) {
-        const bool keep = Dropout::kept_transposed<kCols>(kept, r, c);
-        dp(r, c) = s(r, c) * ((keep ? dp(r, c) * p.dropout.keep_scale : 0.f) - d);
-        s(r, c) = keep ? s(r, c) * p.dropout.keep_scale : 0.f;
+        // dV's P^T, and dS^T = P^T kept / (1 - p) dP^T - P^T D: four instructions, not six.
+        const float kept_p = Dropout::kept_transposed<kCols>(kept, r, c) ? s(r, c) * p.dropout.keep_scale : 0.f;
+        dp(r, c) = fmaf(kept_p, dp(r, c), -s(r, c) * d);
+        s(r, c) = kept_p;
       } else {
         dp(r, c) = s(r, c) * (dp(r, c) - d);
       }
