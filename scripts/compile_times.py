@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-INSTANTIATION = re.compile(r"/src/(\w+)/instantiations/(fwd|bwd)(?:_[a-z0-9]+)?_hdim\d+_\w+\.o$")  # fwd_fp8_hdim128_sm90 too
+INSTANTIATION = re.compile(r"/src/(\w+)/instantiations/(fwd|bwd)(?:_[a-z0-9]+)?_hdim\d+_\w+\.o$")  # fwd_fp8_hdim64_128_sm90 too
 OBJECT = re.compile(r"/build/temp[^/]*/(?:\w+/)?((?:src|csrc)/.*)\.o$")
 
 

@@ -1,7 +1,7 @@
-"""Writes, from the kernel registry (src/registry.py): one small .cu file per
-(family, pass, head dim), every dtype in it (registry.instantiation_file says
-why), so builds parallelise and a change to one launcher rebuilds only its own
-files; src/kernel_list.h, the lists the C++
+"""Writes, from the kernel registry (src/registry.py): a .cu file per (family,
+pass) and group of head dims, every dtype in it (registry.Family.dims_per_file
+says why), each head dim under its TFB_WITH_HDIM<d> so a build of fewer head dims
+compiles only those; src/kernel_list.h, the lists the C++
 dispatch and built_kernels() read; src/kernels.cmake, CMake's source lists.
 
     python src/generate_instantiations.py [OUT_ROOT]   # rewrites them under OUT_ROOT (default: src/)
@@ -21,6 +21,10 @@ namespace tfb::{family} {{
 {instances}}}  // namespace tfb::{family}
 """
 INSTANCE = """\
+#ifdef TFB_WITH_HDIM{head_dim}
+{lines}#endif
+"""
+LINES = """\
 template cudaError_t launch_{pass_}<{element}, {head_dim}>(const Attn{Pass}Params&, cudaStream_t);
 template TileShape {pass_}_tile<{element}, {head_dim}>();
 """
@@ -74,7 +78,7 @@ def kernels_cmake() -> str:
              f"set(TFB_ALL_HEAD_DIMS {' '.join(map(str, registry.HEAD_DIMS))})"]
     for f in registry.FAMILIES:
         lines.append(f'set(TFB_{f.name}_CUDA_ARCHITECTURES "{f.cmake_archs}")')
-        for d in f.head_dims:
+        for d in f.head_dims:  # a file holding several head dims is in each one's list
             files = [x for x in registry.instantiation_files(f, [d])]
             lines.append(f"set(TFB_{f.name}_HDIM{d} " + " ".join(f"src/{x}" for x in files) + ")")
     return "\n".join(lines) + "\n"
@@ -91,17 +95,19 @@ def generate(out_root: pathlib.Path) -> None:
     for f in registry.FAMILIES:
         out = out_root / f.name / "instantiations"
         out.mkdir(parents=True, exist_ok=True)
-        wanted = {out_root / registry.instantiation_file(f.name, p, d): (p, d)
-                  for p, dims in registry.passes_with_fp8(f) for d in dims}
+        wanted = {out_root / registry.instantiation_file(f.name, p, dims): (p, dims)
+                  for p, dims in registry.instantiation_groups(f)}
         for stale in out.glob("*.cu"):
             if stale not in wanted:
                 stale.unlink()
-        for path, (p, d) in wanted.items():
+        for path, (p, dims) in wanted.items():
             # The fp8 files hold the forward's launcher for e4m3 inputs.
             pass_, elements = ("fwd", [registry.FP8_DTYPE]) if p == registry.FP8_PASS else (p, registry.DTYPES.values())
-            instances = "".join(INSTANCE.format(pass_=pass_, Pass=pass_.capitalize(), element=element, head_dim=d)
-                                for element in elements)
-            prelude = WIDE_MMA if (p, d) in f.wide_mma else ""
+            instances = "".join(
+                INSTANCE.format(head_dim=d, lines="".join(
+                    LINES.format(pass_=pass_, Pass=pass_.capitalize(), element=element, head_dim=d) for element in elements))
+                for d in dims)
+            prelude = WIDE_MMA if (p, dims[0]) in f.wide_mma else ""
             _write(path, TEMPLATE.format(prelude=prelude, family=f.name, pass_=pass_, instances=instances))
     _write(out_root / "kernel_list.h", kernel_list_h())
     _write(out_root / "kernels.cmake", kernels_cmake())

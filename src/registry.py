@@ -56,6 +56,11 @@ class Family:
     # the extra atoms are ~150K lines that cost every file including them ~38 s
     # of front end (cudafe++ and cicc each parse them).
     wide_mma: tuple[tuple[str, int], ...] = ()
+    # Head dims per instantiation file at most. A file's first sm80 kernel costs
+    # cicc 40-65 s that its other kernels share (CuTe's copy and MMA machinery,
+    # instantiated and optimised once a file; sm90's kernels share ~8 s), so
+    # sm80's head dims go three to a file; decode's six files were ~15 s each.
+    dims_per_file: int = 1
     # Head dims of a forward with float8_e4m3fn inputs and a bfloat16 output
     # (PyTorch's quantized flash ops), files fwd_fp8_hdim<d>_<family>.cu.
     fp8_head_dims: tuple[int, ...] = ()
@@ -80,7 +85,7 @@ FAMILIES = (
                    "-gencode=arch=compute_90,code=compute_90"),
         cmake_archs="80-real;90-real;90-virtual",
         # Per-sequence lengths (a packed batch of short queries, seqused_k) through params.h's accessors.
-        stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",), seqlens=("fwd",),
+        stride0_ok=True, align_bytes=16, max_rows=256, masks=("fwd",), seqlens=("fwd",), dims_per_file=6,
         doc="split-KV forward for short queries (decode steps): K/V split across CTAs, GQA packed; every chip since Ampere",
     ),
     Family(
@@ -107,7 +112,7 @@ FAMILIES = (
         nvcc_arch=("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"),
         cmake_archs="80-real;80-virtual",
         stride0_ok=True, align_bytes=16, masks=("fwd", "bwd"), windows=("fwd", "bwd"), seqlens=("fwd", "bwd"),
-        pads=("fwd", "bwd"), dropout=("fwd", "bwd"),
+        pads=("fwd", "bwd"), dropout=("fwd", "bwd"), dims_per_file=3,
         doc="mma.sync and cp.async; every chip since Ampere; forward and backward; reads attn_mask",
     ),
 )
@@ -119,11 +124,10 @@ def family(name: str) -> Family:
     return next(f for f in FAMILIES if f.name == name)
 
 
-def instantiation_file(family_name: str, pass_: str, head_dim: int) -> str:
-    """Path under src/ of one (family, pass, head dim)'s instantiations, every
-    dtype in one file: each file pays ~10 s of front end for CuTe's headers
-    (cudafe++ and cicc each parse them), which a file per dtype paid twice."""
-    return f"{family_name}/instantiations/{pass_}_hdim{head_dim}_{family_name}.cu"
+def instantiation_file(family_name: str, pass_: str, head_dims: tuple[int, ...]) -> str:
+    """Path under src/ of one (family, pass, head dims)'s instantiations, every
+    dtype in one file."""
+    return f"{family_name}/instantiations/{pass_}_hdim{'_'.join(map(str, head_dims))}_{family_name}.cu"
 
 
 FP8_PASS = "fwd_fp8"  # the file name's pass of fp8_head_dims
@@ -134,9 +138,24 @@ def passes_with_fp8(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
     return [(p, fam.dims(p)) for p in fam.passes] + ([(FP8_PASS, fam.fp8_head_dims)] if fam.fp8_head_dims else [])
 
 
+def instantiation_groups(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
+    """(file pass, head dims) of each of the family's files: a pass's head dims in
+    order, in as few files of at most dims_per_file as there can be, as even as
+    they can be; wide_mma's apart (their define costs the other files)."""
+    groups = []
+    for p, dims in passes_with_fp8(fam):
+        for kind in ([d for d in dims if (p, d) not in fam.wide_mma], [d for d in dims if (p, d) in fam.wide_mma]):
+            files = -(-len(kind) // fam.dims_per_file)
+            for i in range(files):
+                groups.append((p, tuple(kind[-(-len(kind) * i // files):-(-len(kind) * (i + 1) // files)])))
+    return groups
+
+
 def instantiation_files(fam: Family, head_dims=None) -> list[str]:
-    """The family's files, backward before forward, larger head dims first
-    (setup.py orders every family's files together by their compile cost)."""
-    keys = [(p != "bwd", -d, p, d) for p, dims in passes_with_fp8(fam) for d in dims
-            if head_dims is None or d in head_dims]
-    return [instantiation_file(fam.name, p, d) for *_, p, d in sorted(keys)]
+    """The family's files holding any of head_dims (None: all), backward before
+    forward, larger head dims first (setup.py orders every family's files together
+    by their compile cost); a file compiles only its head dims that the build has
+    (TFB_WITH_HDIM<d>)."""
+    keys = [(p != "bwd", -max(dims), p, dims) for p, dims in instantiation_groups(fam)
+            if head_dims is None or set(dims) & set(head_dims)]
+    return [instantiation_file(fam.name, p, dims) for *_, p, dims in sorted(keys)]

@@ -2,8 +2,10 @@
 #include "sm90/launch_bwd.h"
 
 namespace tfb::sm90 {
+#ifdef TFB_WITH_HDIM192
 template cudaError_t launch_bwd<cutlass::half_t, 192>(const AttnBwdParams&, cudaStream_t);
 template TileShape bwd_tile<cutlass::half_t, 192>();
 template cudaError_t launch_bwd<cutlass::bfloat16_t, 192>(const AttnBwdParams&, cudaStream_t);
 template TileShape bwd_tile<cutlass::bfloat16_t, 192>();
+#endif
 }  // namespace tfb::sm90

@@ -3,8 +3,10 @@
 #include "sm90/launch_bwd.h"
 
 namespace tfb::sm90 {
+#ifdef TFB_WITH_HDIM80
 template cudaError_t launch_bwd<cutlass::half_t, 80>(const AttnBwdParams&, cudaStream_t);
 template TileShape bwd_tile<cutlass::half_t, 80>();
 template cudaError_t launch_bwd<cutlass::bfloat16_t, 80>(const AttnBwdParams&, cudaStream_t);
 template TileShape bwd_tile<cutlass::bfloat16_t, 80>();
+#endif
 }  // namespace tfb::sm90

@@ -3,6 +3,8 @@
 #include "sm90/launch_fwd.h"
 
 namespace tfb::sm90 {
+#ifdef TFB_WITH_HDIM64
 template cudaError_t launch_fwd<cutlass::float_e4m3_t, 64>(const AttnFwdParams&, cudaStream_t);
 template TileShape fwd_tile<cutlass::float_e4m3_t, 64>();
+#endif
 }  // namespace tfb::sm90

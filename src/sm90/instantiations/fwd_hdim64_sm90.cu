@@ -2,8 +2,10 @@
 #include "sm90/launch_fwd.h"
 
 namespace tfb::sm90 {
+#ifdef TFB_WITH_HDIM64
 template cudaError_t launch_fwd<cutlass::half_t, 64>(const AttnFwdParams&, cudaStream_t);
 template TileShape fwd_tile<cutlass::half_t, 64>();
 template cudaError_t launch_fwd<cutlass::bfloat16_t, 64>(const AttnFwdParams&, cudaStream_t);
 template TileShape fwd_tile<cutlass::bfloat16_t, 64>();
+#endif
 }  // namespace tfb::sm90
