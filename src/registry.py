@@ -54,7 +54,8 @@ class Family:
     # names only under CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (any multiple of 8
     # outside 8, 16, 32, 64, 96, 128, 192, 256). Their files alone define it:
     # the extra atoms are ~150K lines that cost every file including them ~38 s
-    # of front end (cudafe++ and cicc each parse them).
+    # of front end (cudafe++ and cicc each parse them), so a pass's wide head dims
+    # share one file (sm90's forward 80 and 256: 264 s where two files took 346).
     wide_mma: tuple[tuple[str, int], ...] = ()
     # Head dims per instantiation file at most. A file's first sm80 kernel costs
     # cicc 40-65 s that its other kernels share (CuTe's copy and MMA machinery,
@@ -141,11 +142,12 @@ def passes_with_fp8(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
 def instantiation_groups(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
     """(file pass, head dims) of each of the family's files: a pass's head dims in
     order, in as few files of at most dims_per_file as there can be, as even as
-    they can be; wide_mma's apart (their define costs the other files)."""
+    they can be; wide_mma's apart (their define costs the other files), all in one."""
     groups = []
     for p, dims in passes_with_fp8(fam):
-        for kind in ([d for d in dims if (p, d) not in fam.wide_mma], [d for d in dims if (p, d) in fam.wide_mma]):
-            files = -(-len(kind) // fam.dims_per_file)
+        wide = [d for d in dims if (p, d) in fam.wide_mma]
+        for kind, per_file in (([d for d in dims if d not in wide], fam.dims_per_file), (wide, len(wide))):
+            files = -(-len(kind) // per_file) if kind else 0
             for i in range(files):
                 groups.append((p, tuple(kind[-(-len(kind) * i // files):-(-len(kind) * (i + 1) // files)])))
     return groups

@@ -7,4 +7,8 @@ namespace tfb::sm90 {
 template cudaError_t launch_fwd<cutlass::float_e4m3_t, 64>(const AttnFwdParams&, cudaStream_t);
 template TileShape fwd_tile<cutlass::float_e4m3_t, 64>();
 #endif
+#ifdef TFB_WITH_HDIM128
+template cudaError_t launch_fwd<cutlass::float_e4m3_t, 128>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::float_e4m3_t, 128>();
+#endif
 }  // namespace tfb::sm90

@@ -3,6 +3,12 @@
 #include "sm90/launch_fwd.h"
 
 namespace tfb::sm90 {
+#ifdef TFB_WITH_HDIM80
+template cudaError_t launch_fwd<cutlass::half_t, 80>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::half_t, 80>();
+template cudaError_t launch_fwd<cutlass::bfloat16_t, 80>(const AttnFwdParams&, cudaStream_t);
+template TileShape fwd_tile<cutlass::bfloat16_t, 80>();
+#endif
 #ifdef TFB_WITH_HDIM256
 template cudaError_t launch_fwd<cutlass::half_t, 256>(const AttnFwdParams&, cudaStream_t);
 template TileShape fwd_tile<cutlass::half_t, 256>();
