@@ -63,7 +63,7 @@ class Family:
     # sm80's head dims go three to a file; decode's six files were ~15 s each.
     dims_per_file: int = 1
     # Head dims of a forward with float8_e4m3fn inputs and a bfloat16 output
-    # (PyTorch's quantized flash ops), files fwd_fp8_hdim<d>_<family>.cu.
+    # (PyTorch's quantized flash ops), files fwd_fp8_hdim<d>[_<d>...]_<family>.cu.
     fp8_head_dims: tuple[int, ...] = ()
 
     def dims(self, pass_: str) -> tuple[int, ...]:
@@ -139,17 +139,25 @@ def passes_with_fp8(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
     return [(p, fam.dims(p)) for p in fam.passes] + ([(FP8_PASS, fam.fp8_head_dims)] if fam.fp8_head_dims else [])
 
 
+def _runs(dims: list[int], per_file: int) -> list[tuple[int, ...]]:
+    """dims in order, in as few runs of at most per_file as there can be, as even
+    as they can be (the longer ones first)."""
+    if not dims:
+        return []
+    files = -(-len(dims) // per_file)
+    bounds = [-(-len(dims) * i // files) for i in range(files + 1)]
+    return [tuple(dims[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
 def instantiation_groups(fam: Family) -> list[tuple[str, tuple[int, ...]]]:
     """(file pass, head dims) of each of the family's files: a pass's head dims in
-    order, in as few files of at most dims_per_file as there can be, as even as
-    they can be; wide_mma's apart (their define costs the other files), all in one."""
+    runs of at most dims_per_file; its wide_mma head dims apart, all in one file
+    (their define costs every file that has it)."""
     groups = []
     for p, dims in passes_with_fp8(fam):
         wide = [d for d in dims if (p, d) in fam.wide_mma]
-        for kind, per_file in (([d for d in dims if d not in wide], fam.dims_per_file), (wide, len(wide))):
-            files = -(-len(kind) // per_file) if kind else 0
-            for i in range(files):
-                groups.append((p, tuple(kind[-(-len(kind) * i // files):-(-len(kind) * (i + 1) // files)])))
+        groups += [(p, run) for run in _runs([d for d in dims if d not in wide], fam.dims_per_file)]
+        groups += [(p, run) for run in _runs(wide, len(wide))]
     return groups
 
 
