@@ -105,6 +105,31 @@ def test_committed_instantiations_match_the_generator(tmp_path):
     assert any(f.startswith("sm90" + os.sep) for f in generated)
 
 
+# A file holds several head dims; a build of some (TFB_HEAD_DIMS) lists the files
+# holding them and compiles only theirs, each under its TFB_WITH_HDIM<d>.
+GUARDED = re.compile(r"#ifdef TFB_WITH_HDIM(\d+)\n(.*?)#endif", re.DOTALL)
+
+
+def test_each_head_dim_is_instantiated_once_under_its_own_guard():
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    try:
+        import registry
+    finally:
+        sys.path.pop(0)
+    for fam in registry.FAMILIES:
+        seen = []
+        for path in registry.instantiation_files(fam):
+            text = open(os.path.join(ROOT, "src", path)).read()
+            blocks = GUARDED.findall(text)
+            assert sum(b.count("template ") for _, b in blocks) == text.count("template "), f"{path}: unguarded"
+            for d, body in blocks:
+                assert re.findall(r", (\d+)>\(", body) == [d] * body.count("template "), f"{path}: HDIM{d} block"
+                seen.append((path.split("_hdim")[0], int(d)))
+                assert path in registry.instantiation_files(fam, [int(d)]), (path, d)
+        want = [(f"{fam.name}/instantiations/{p}", d) for p, dims in registry.passes_with_fp8(fam) for d in dims]
+        assert sorted(seen) == sorted(want), fam.name
+
+
 # Each family's instantiations compile for the archs its registry entry names
 # (sm_90a alone for sm90; decode adds sm_90 code to sm_80's); every other CUDA
 # source for the base family's (sm80).
