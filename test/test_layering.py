@@ -111,11 +111,7 @@ GUARDED = re.compile(r"#ifdef TFB_WITH_HDIM(\d+)\n(.*?)#endif", re.DOTALL)
 
 
 def test_each_head_dim_is_instantiated_once_under_its_own_guard():
-    sys.path.insert(0, os.path.join(ROOT, "src"))
-    try:
-        import registry
-    finally:
-        sys.path.pop(0)
+    registry = _registry()
     for fam in registry.FAMILIES:
         seen = []
         for path in registry.instantiation_files(fam):
@@ -137,16 +133,20 @@ def _archs(command):
     return set(re.findall(r"\b(?:sm|compute)_\d+a?\b", command))
 
 
-@functools.cache
-def _registry_archs():
-    """{family: the archs of its nvcc flags}, from src/registry.py (read here, not at
-    import: an installed wheel's tests have no src/)."""
+def _registry():
+    """src/registry.py, imported when a test asks (an installed wheel's tests have no src/)."""
     sys.path.insert(0, os.path.join(ROOT, "src"))
     try:
         import registry
     finally:
         sys.path.pop(0)
-    return {f.name: _archs(" ".join(f.nvcc_arch)) for f in registry.FAMILIES}
+    return registry
+
+
+@functools.cache
+def _registry_archs():
+    """{family: the archs of its nvcc flags}, from src/registry.py."""
+    return {f.name: _archs(" ".join(f.nvcc_arch)) for f in _registry().FAMILIES}
 
 
 def _family(path):
